@@ -1,0 +1,601 @@
+/*
+ * rq: bounded MPMC array queue in shared memory.
+ *
+ * The algorithm is Dmitry Vyukov's bounded MPMC queue ("Bounded MPMC queue",
+ * 1024cores.net), in the form of crossbeam's ArrayQueue: every slot carries a 64-bit
+ * stamp that says, for the position that maps to it, whether the slot is free or holds
+ * a published record. Producers claim positions by moving `tail`, consumers by moving
+ * `head`; a claimed slot is handed over by a release store of its stamp.
+ *
+ * Additions to that algorithm, each described in native/README.md:
+ *   - batches: one compare-and-swap claims a run of consecutive ready slots;
+ *   - blocking: waiters sleep on futex words in the shared region (eventcounts);
+ *   - close: a bit in `tail` that makes every later claim fail;
+ *   - dead producers: a slot whose producer died between claim and publish is
+ *     skipped once every thread that may own it is known to be gone.
+ */
+#define _GNU_SOURCE
+#include "rq.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#define LINE 128        /* separate hot fields by two cache lines: adjacent-line prefetch */
+#define SLOT_ALIGN 64   /* slots are rounded to one cache line */
+#define MAGIC 0x3151594c50455251ull /* "RQEPLYQ1" */
+#define COUNTERS_MAGIC 0x31544e43504552ull
+#define VERSION 1
+
+/* Bit 63 of tail: the queue is closed. Bit 63 of a stamp: the record was skipped. */
+#define CLOSED_BIT (1ull << 63)
+#define SKIP_BIT (1ull << 63)
+
+/* How long a claimed slot may stay unpublished before consumers ask whether its
+ * producer is still alive (also the interval between two such checks). */
+#define STUCK_NS 20000000ll /* 20 ms */
+/* Spin this many rounds before sleeping in the kernel. */
+#define SPIN_ROUNDS 64
+
+_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to work across processes");
+_Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to work across processes");
+_Static_assert(sizeof(_Atomic uint64_t) == 8, "a stamp is one 64-bit word");
+_Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32 bits");
+
+/*
+ * Stamps. For position p (a 62-bit count of claims so far), the slot p % capacity holds
+ *   2p      free for a producer at position p (or claimed by one and not yet published),
+ *   2p + 1  a record published at position p, ready for the consumer at position p.
+ * A consumer releases the slot for the next lap by storing 2(p + capacity). Doubling keeps
+ * "published at p" and "free for p + capacity" apart even when capacity is 1.
+ */
+typedef struct {
+    _Atomic uint64_t stamp;
+    /* the record follows, at offset 8 */
+} slot_t;
+
+/* A registered producer thread and the positions it is about to claim. */
+typedef struct {
+    _Atomic uint64_t owner;        /* pid << 32 | tid, 0 when the entry is free */
+    _Atomic uint64_t intent_start; /* first position of the current claim */
+    _Atomic uint64_t intent_count; /* positions claimed or being claimed; 0 when idle */
+    char pad[SLOT_ALIGN - 24];
+} producer_t;
+_Static_assert(sizeof(producer_t) == SLOT_ALIGN, "one producer entry per cache line");
+
+typedef struct {
+    /* Line 0: written once by rq_queue_init, read-only afterwards. */
+    uint64_t magic, version, capacity, record_size, slot_size;
+    uint64_t producers_offset, slots_offset, total_bytes;
+    uint64_t instance; /* tells two queues apart that a process mapped at one address */
+    char pad0[LINE - 9 * 8];
+    /* Line 1: next position a producer claims; bit 63 is the closed flag. */
+    _Atomic uint64_t tail;
+    char pad1[LINE - 8];
+    /* Line 2: next position a consumer claims. */
+    _Atomic uint64_t head;
+    char pad2[LINE - 8];
+    /* Line 3: consumers asleep waiting for a record, and their eventcount. */
+    _Atomic uint32_t pop_waiters;
+    _Atomic uint32_t pop_seq;
+    char pad3[LINE - 8];
+    /* Line 4: producers asleep waiting for room, and their eventcount. */
+    _Atomic uint32_t push_waiters;
+    _Atomic uint32_t push_seq;
+    char pad4[LINE - 8];
+    /* Line 5: rarely written statistics and the dead-producer watch. */
+    _Atomic uint64_t full_waits, empty_waits, skipped;
+    _Atomic uint64_t stuck_pos;      /* position + 1 of a slot seen claimed and unpublished */
+    _Atomic int64_t stuck_since_ns;  /* when it was first seen (CLOCK_MONOTONIC) */
+    char pad5[LINE - 5 * 8];
+} header_t;
+
+_Static_assert(sizeof(header_t) == 6 * LINE, "header is six separate lines");
+_Static_assert(offsetof(header_t, tail) == 1 * LINE, "tail on its own line");
+_Static_assert(offsetof(header_t, head) == 2 * LINE, "head on its own line, apart from tail");
+_Static_assert(offsetof(header_t, pop_waiters) == 3 * LINE, "wait words apart from the indices");
+
+static inline uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
+
+static inline slot_t *slot_at(header_t *h, uint64_t pos) {
+    return (slot_t *)((char *)h + h->slots_offset + (pos % h->capacity) * h->slot_size);
+}
+static inline char *record_of(slot_t *s) { return (char *)s + sizeof(uint64_t); }
+static inline producer_t *producers(header_t *h) {
+    return (producer_t *)((char *)h + h->producers_offset);
+}
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* ---- futex: shared (not FUTEX_PRIVATE), since waiters may be in other processes ---- */
+
+static void futex_wait(_Atomic uint32_t *word, uint32_t expected, int64_t timeout_ns) {
+    struct timespec ts, *tsp = NULL;
+    if (timeout_ns >= 0) {
+        ts.tv_sec = timeout_ns / 1000000000ll;
+        ts.tv_nsec = timeout_ns % 1000000000ll;
+        tsp = &ts;
+    }
+    /* Returns at once if *word != expected (EAGAIN); EINTR and ETIMEDOUT are normal. */
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAIT, expected, tsp, NULL, 0);
+}
+
+static void futex_wake(_Atomic uint32_t *word, int count) {
+    syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
+}
+
+/*
+ * Wake sleepers after making progress. The seq_cst fence orders our stamp stores before
+ * the load of `waiters`; it pairs with the fence in wait_for() between a sleeper's
+ * increment of `waiters` and its re-check of the queue. Either we see the sleeper, or
+ * the sleeper sees our record: no wake-up is lost (the Dekker pattern).
+ */
+static void wake(_Atomic uint32_t *waiters, _Atomic uint32_t *seq, uint64_t count) {
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(waiters, memory_order_relaxed) == 0) return; /* the fast path */
+    /* Relaxed: the futex compares the value in the kernel, which orders it. */
+    atomic_fetch_add_explicit(seq, 1, memory_order_relaxed);
+    futex_wake(seq, count > INT_MAX ? INT_MAX : (int)count);
+}
+
+/* ---- producer registry (for the dead-producer policy) ---- */
+
+static _Atomic uint64_t fork_generation;
+static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
+static void after_fork_in_child(void) { atomic_fetch_add(&fork_generation, 1); }
+static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
+
+/* Per-thread cache of this thread's entry in recently used queues. A forked child
+ * starts with its parent thread's cache, so entries remember the fork generation. */
+#define CACHE_WAYS 8
+static _Thread_local struct {
+    header_t *queue;
+    uint64_t instance, generation;
+    producer_t *entry;
+} cache[CACHE_WAYS];
+static _Thread_local unsigned cache_next;
+
+static uint64_t self_owner(void) {
+    return (uint64_t)getpid() << 32 | (uint32_t)syscall(SYS_gettid);
+}
+
+/* Alive unless the thread is gone or its process is a zombie waiting to be reaped. */
+static bool owner_alive(uint64_t owner) {
+    pid_t pid = (pid_t)(owner >> 32), tid = (pid_t)(owner & 0xffffffffu);
+    if (syscall(SYS_tgkill, pid, tid, 0) != 0) return errno == EPERM;
+    char path[64], buf[256];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno != ENOENT;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return true;
+    buf[n] = 0;
+    const char *paren = strrchr(buf, ')'); /* the state letter follows "pid (comm) " */
+    return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+}
+
+/* True once no position in the entry's intent is both claimed and unpublished. */
+static bool intent_resolved(header_t *h, producer_t *e) {
+    uint64_t count = atomic_load_explicit(&e->intent_count, memory_order_acquire);
+    uint64_t start = atomic_load_explicit(&e->intent_start, memory_order_acquire);
+    uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT;
+    for (uint64_t p = start; p < start + count && p < tail; p++)
+        if (atomic_load_explicit(&slot_at(h, p)->stamp, memory_order_acquire) == 2 * p) return false;
+    return true;
+}
+
+static producer_t *register_producer(header_t *h) {
+    uint64_t gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    for (int i = 0; i < CACHE_WAYS; i++)
+        if (cache[i].queue == h && cache[i].instance == h->instance && cache[i].generation == gen)
+            return cache[i].entry;
+    pthread_once(&atfork_once, install_atfork);
+
+    uint64_t me = self_owner();
+    producer_t *table = producers(h), *entry = NULL;
+    /* An entry of ours from an evicted cache line, else a free one, else a dead one. */
+    for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++)
+        if (atomic_load(&table[i].owner) == me) entry = &table[i];
+    for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++) {
+        uint64_t owner = atomic_load(&table[i].owner);
+        bool reusable = owner == 0 ||
+            (!owner_alive(owner) && intent_resolved(h, &table[i]));
+        if (reusable && atomic_compare_exchange_strong(&table[i].owner, &owner, me)) {
+            atomic_store(&table[i].intent_count, 0);
+            entry = &table[i];
+        }
+    }
+    if (!entry) return NULL;
+    unsigned way = cache_next++ % CACHE_WAYS;
+    cache[way].queue = h;
+    cache[way].instance = h->instance;
+    cache[way].generation = gen;
+    cache[way].entry = entry;
+    return entry;
+}
+
+/* ---- dead producers ---- */
+
+/*
+ * The slot at `pos` was claimed (pos < tail) but is still unpublished. Skip it if every
+ * registered producer whose intent covers `pos` is dead. The real owner wrote its intent
+ * before its claim, and clears it only after publishing, so while it lives one covering
+ * entry is alive; entries covering `pos` by a stale intent (a lost claim race) only make
+ * us wait longer. The CAS fails if the owner did publish after all.
+ */
+static void skip_if_owner_dead(header_t *h, uint64_t pos) {
+    producer_t *table = producers(h);
+    bool dead_owner = false;
+    for (int i = 0; i < RQ_MAX_PRODUCERS; i++) {
+        uint64_t owner = atomic_load(&table[i].owner);
+        if (!owner) continue;
+        uint64_t start = atomic_load(&table[i].intent_start);
+        uint64_t count = atomic_load(&table[i].intent_count);
+        if (pos < start || pos >= start + count) continue;
+        if (owner_alive(owner)) return;
+        dead_owner = true;
+    }
+    if (!dead_owner) return;
+    uint64_t expected = 2 * pos;
+    /* Release: a consumer that acquires the skipped stamp sees a consistent slot. */
+    if (atomic_compare_exchange_strong_explicit(&slot_at(h, pos)->stamp, &expected,
+                                                (2 * pos + 1) | SKIP_BIT,
+                                                memory_order_release, memory_order_relaxed))
+        atomic_fetch_add_explicit(&h->skipped, 1, memory_order_relaxed);
+}
+
+/* A consumer found the slot at `pos` claimed and unpublished. Checking liveness costs
+ * system calls, so only do it once the same slot has been stuck for STUCK_NS. */
+static void watch_stuck(header_t *h, uint64_t pos) {
+    int64_t now = now_ns();
+    uint64_t seen = atomic_load_explicit(&h->stuck_pos, memory_order_relaxed);
+    if (seen != pos + 1) {
+        if (atomic_compare_exchange_strong(&h->stuck_pos, &seen, pos + 1))
+            atomic_store(&h->stuck_since_ns, now);
+        return;
+    }
+    int64_t since = atomic_load(&h->stuck_since_ns);
+    if (now - since < STUCK_NS) return;
+    if (!atomic_compare_exchange_strong(&h->stuck_since_ns, &since, now)) return; /* one checker */
+    skip_if_owner_dead(h, pos);
+}
+
+/* ---- the queue ---- */
+
+uint64_t rq_queue_bytes(uint64_t capacity, uint64_t record_size) {
+    uint64_t slot = round_up(sizeof(uint64_t) + record_size, SLOT_ALIGN);
+    return sizeof(header_t) + RQ_MAX_PRODUCERS * sizeof(producer_t) + capacity * slot;
+}
+
+int rq_queue_init(void *mem, uint64_t capacity, uint64_t record_size) {
+    if (capacity < 1 || capacity > RQ_MAX_CAPACITY || record_size < 1 ||
+        record_size > RQ_MAX_RECORD_SIZE)
+        return RQ_BAD_ARGUMENT;
+    header_t *h = mem;
+    memset(h, 0, sizeof *h);
+    h->capacity = capacity;
+    h->record_size = record_size;
+    h->slot_size = round_up(sizeof(uint64_t) + record_size, SLOT_ALIGN);
+    h->producers_offset = sizeof(header_t);
+    h->slots_offset = h->producers_offset + RQ_MAX_PRODUCERS * sizeof(producer_t);
+    h->total_bytes = rq_queue_bytes(capacity, record_size);
+    h->instance = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)mem;
+    memset(producers(h), 0, RQ_MAX_PRODUCERS * sizeof(producer_t));
+    /* Slot i starts free for position i. */
+    for (uint64_t i = 0; i < capacity; i++) atomic_init(&slot_at(h, i)->stamp, 2 * i);
+    h->version = VERSION;
+    /* Release: whoever reads the magic sees the initialised region. */
+    atomic_store_explicit((_Atomic uint64_t *)&h->magic, MAGIC, memory_order_release);
+    return RQ_OK;
+}
+
+int rq_queue_check(const void *mem, uint64_t mem_bytes, uint64_t capacity, uint64_t record_size) {
+    const header_t *h = mem;
+    if (mem_bytes < sizeof *h) return RQ_BAD_HEADER;
+    if (atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != MAGIC ||
+        h->version != VERSION || h->capacity != capacity || h->record_size != record_size ||
+        h->total_bytes != rq_queue_bytes(capacity, record_size) || h->total_bytes > mem_bytes)
+        return RQ_BAD_HEADER;
+    return RQ_OK;
+}
+
+/* Claim and fill up to n free slots. Returns the count, 0 when full, or an error. */
+static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64_t n) {
+    uint64_t tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+    uint64_t k;
+    for (;;) {
+        if (tail & CLOSED_BIT) return RQ_CLOSED;
+        /* 1. Count the free slots from tail on. Acquire pairs with the consumer's release
+         *    of the slot, so its read of the old record happens before we overwrite it. */
+        for (k = 0; k < n; k++) {
+            uint64_t stamp = atomic_load_explicit(&slot_at(h, tail + k)->stamp, memory_order_acquire);
+            if (stamp != 2 * (tail + k)) break;
+        }
+        if (k == 0) {
+            uint64_t stamp = atomic_load_explicit(&slot_at(h, tail)->stamp, memory_order_acquire)
+                             & ~SKIP_BIT;
+            if (stamp < 2 * tail) return 0; /* 2. the slot still holds last lap's record: full */
+            /* 3. the slot is already claimed for this lap: our tail is stale */
+            tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
+            continue;
+        }
+        /* 4. Announce the claim before making it (relaxed: the release CAS below
+         *    publishes these stores to whoever acquires tail; see skip_if_owner_dead). */
+        atomic_store_explicit(&me->intent_start, tail, memory_order_relaxed);
+        atomic_store_explicit(&me->intent_count, k, memory_order_relaxed);
+        /* 5. Claim positions [tail, tail + k). Release: see step 4. On failure `tail`
+         *    is reloaded and we start over. */
+        if (atomic_compare_exchange_weak_explicit(&h->tail, &tail, tail + k,
+                                                  memory_order_release, memory_order_relaxed))
+            break;
+    }
+    /* 6. Write each record, then publish it. Release: the record's bytes happen before a
+     *    consumer's acquire load of the stamp. */
+    for (uint64_t i = 0; i < k; i++) {
+        slot_t *s = slot_at(h, tail + i);
+        memcpy(record_of(s), records + i * h->record_size, h->record_size);
+        atomic_store_explicit(&s->stamp, 2 * (tail + i) + 1, memory_order_release);
+    }
+    /* 7. Done: drop the intent. Release orders it after the publications. */
+    atomic_store_explicit(&me->intent_count, 0, memory_order_release);
+    return (int64_t)k;
+}
+
+/* Take up to n ready slots. Returns the count written to out (skipped records are
+ * consumed but not written), 0 when nothing is ready, or RQ_CLOSED when closed and drained.
+ * *consumed counts the slots taken, skipped ones included. */
+static int64_t try_pop(header_t *h, char *out, uint64_t n, uint64_t *consumed) {
+    uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
+    uint64_t k;
+    *consumed = 0;
+    for (;;) {
+        /* 1. Count ready slots from head on. Acquire pairs with the producer's publication. */
+        for (k = 0; k < n; k++) {
+            uint64_t stamp = atomic_load_explicit(&slot_at(h, head + k)->stamp, memory_order_acquire);
+            if ((stamp & ~SKIP_BIT) != 2 * (head + k) + 1) break;
+        }
+        if (k == 0) {
+            uint64_t stamp = atomic_load_explicit(&slot_at(h, head)->stamp, memory_order_acquire)
+                             & ~SKIP_BIT;
+            if (stamp > 2 * head + 1) { /* 2. consumed already: our head is stale */
+                head = atomic_load_explicit(&h->head, memory_order_relaxed);
+                continue;
+            }
+            /* 3. Free for this lap: empty, unless a producer claimed it and has not
+             *    published yet. Acquire on tail: see skip_if_owner_dead. */
+            uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire);
+            if ((tail & ~CLOSED_BIT) <= head) return (tail & CLOSED_BIT) ? RQ_CLOSED : 0;
+            watch_stuck(h, head);
+            return 0;
+        }
+        /* 4. Claim positions [head, head + k). Relaxed: the stamps were acquired in step 1
+         *    and nobody else writes them until we release. */
+        if (atomic_compare_exchange_weak_explicit(&h->head, &head, head + k,
+                                                  memory_order_relaxed, memory_order_relaxed))
+            break;
+    }
+    /* 5. Copy each record out, then free its slot for the next lap. Release: our read of
+     *    the record happens before a producer's acquire of the stamp and overwrite. */
+    uint64_t written = 0;
+    for (uint64_t i = 0; i < k; i++) {
+        slot_t *s = slot_at(h, head + i);
+        if (!(atomic_load_explicit(&s->stamp, memory_order_relaxed) & SKIP_BIT))
+            memcpy(out + written++ * h->record_size, record_of(s), h->record_size);
+        atomic_store_explicit(&s->stamp, 2 * (head + i + h->capacity), memory_order_release);
+    }
+    *consumed = k;
+    return (int64_t)written;
+}
+
+/*
+ * Sleep until `seq` moves, after announcing ourselves in `waiters`. The caller re-checks
+ * the queue between announce() and sleep(): the seq_cst fence here pairs with the one in
+ * wake() so a record published meanwhile is either seen by the re-check or wakes us.
+ */
+static uint32_t announce(_Atomic uint32_t *waiters, _Atomic uint32_t *seq) {
+    atomic_fetch_add_explicit(waiters, 1, memory_order_relaxed);
+    uint32_t value = atomic_load_explicit(seq, memory_order_relaxed);
+    atomic_thread_fence(memory_order_seq_cst);
+    return value;
+}
+
+static void sleep_on(_Atomic uint32_t *waiters, _Atomic uint32_t *seq, uint32_t value,
+                     int64_t deadline) {
+    int64_t left = deadline < 0 ? -1 : deadline - now_ns();
+    if (deadline < 0 || left > 0) futex_wait(seq, value, left);
+    atomic_fetch_sub_explicit(waiters, 1, memory_order_relaxed);
+}
+
+static int64_t deadline_of(int64_t timeout_ns) {
+    return timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+}
+
+static bool expired(int64_t deadline) { return deadline >= 0 && now_ns() >= deadline; }
+
+int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) {
+    header_t *h = mem;
+    if (n == 0) return 0;
+    producer_t *me = register_producer(h);
+    if (!me) return RQ_TOO_MANY_PRODUCERS;
+    int64_t deadline = -2, pushed;
+    for (int round = 0;; round++) {
+        pushed = try_push(h, me, records, n);
+        if (pushed != 0 || timeout_ns == 0) break;
+        if (deadline == -2) deadline = deadline_of(timeout_ns);
+        if (expired(deadline)) break;
+        if (round < SPIN_ROUNDS) { cpu_relax(); continue; }
+        if (round == SPIN_ROUNDS) atomic_fetch_add_explicit(&h->full_waits, 1, memory_order_relaxed);
+        uint32_t value = announce(&h->push_waiters, &h->push_seq);
+        pushed = try_push(h, me, records, n);
+        if (pushed != 0) {
+            atomic_fetch_sub_explicit(&h->push_waiters, 1, memory_order_relaxed);
+            break;
+        }
+        sleep_on(&h->push_waiters, &h->push_seq, value, deadline);
+        /* Back to the caller after one sleep, so that it can handle signals. */
+        pushed = try_push(h, me, records, n);
+        break;
+    }
+    if (pushed > 0) wake(&h->pop_waiters, &h->pop_seq, (uint64_t)pushed);
+    return pushed;
+}
+
+int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
+    header_t *h = mem;
+    if (n == 0) return 0;
+    int64_t deadline = -2, popped;
+    uint64_t consumed;
+    for (int round = 0;; round++) {
+        popped = try_pop(h, out, n, &consumed);
+        if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+        if (popped != 0 || timeout_ns == 0) break;
+        if (consumed) continue; /* only skipped records: look again */
+        if (deadline == -2) deadline = deadline_of(timeout_ns);
+        if (expired(deadline)) break;
+        if (round < SPIN_ROUNDS) { cpu_relax(); continue; }
+        if (round == SPIN_ROUNDS) atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
+        uint32_t value = announce(&h->pop_waiters, &h->pop_seq);
+        popped = try_pop(h, out, n, &consumed);
+        if (popped != 0 || consumed) {
+            atomic_fetch_sub_explicit(&h->pop_waiters, 1, memory_order_relaxed);
+            if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+            if (popped != 0) break;
+            continue;
+        }
+        /* A claimed-but-unpublished slot may never be published (its producer died):
+         * wake up in time to look at it again. */
+        int64_t nap_deadline = deadline;
+        if (atomic_load_explicit(&h->stuck_pos, memory_order_relaxed) ==
+            atomic_load_explicit(&h->head, memory_order_relaxed) + 1) {
+            int64_t nap = now_ns() + STUCK_NS;
+            if (nap_deadline < 0 || nap < nap_deadline) nap_deadline = nap;
+        }
+        sleep_on(&h->pop_waiters, &h->pop_seq, value, nap_deadline);
+        /* Back to the caller after one sleep, so that it can handle signals. */
+        popped = try_pop(h, out, n, &consumed);
+        if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+        break;
+    }
+    return popped;
+}
+
+void rq_close(void *mem) {
+    header_t *h = mem;
+    /* seq_cst: the closed bit is ordered before the wake-ups below, and every claim
+     * (a CAS on tail) after it fails and sees the bit. */
+    atomic_fetch_or(&h->tail, CLOSED_BIT);
+    atomic_fetch_add(&h->pop_seq, 1);
+    atomic_fetch_add(&h->push_seq, 1);
+    futex_wake(&h->pop_seq, INT_MAX);
+    futex_wake(&h->push_seq, INT_MAX);
+}
+
+int rq_is_closed(const void *mem) {
+    const header_t *h = mem;
+    return (atomic_load_explicit((_Atomic uint64_t *)&h->tail, memory_order_acquire) & CLOSED_BIT) != 0;
+}
+
+uint64_t rq_size(const void *mem) {
+    header_t *h = (header_t *)mem;
+    /* The two loads are not one snapshot: head may pass the tail we read, so clamp. Any
+     * answer is stale the moment it returns, as with queue.Queue.qsize(). */
+    uint64_t head = atomic_load_explicit(&h->head, memory_order_acquire);
+    uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT;
+    uint64_t size = tail > head ? tail - head : 0;
+    return size > h->capacity ? h->capacity : size;
+}
+
+void rq_stats(const void *mem, rq_stats_t *out) {
+    header_t *h = (header_t *)mem;
+    out->full_waits = atomic_load_explicit(&h->full_waits, memory_order_relaxed);
+    out->empty_waits = atomic_load_explicit(&h->empty_waits, memory_order_relaxed);
+    out->skipped = atomic_load_explicit(&h->skipped, memory_order_relaxed);
+}
+
+/* ---- counters: one 64-bit cell per LINE; relaxed, as each is a statistic on its own ---- */
+
+typedef struct {
+    uint64_t magic, version, n;
+    char pad[LINE - 24];
+} counters_header_t;
+typedef struct {
+    _Atomic uint64_t value;
+    char pad[LINE - 8];
+} cell_t;
+_Static_assert(sizeof(cell_t) == LINE, "each counter on its own cache line");
+
+static inline cell_t *cell(void *mem, uint64_t i) {
+    return (cell_t *)((char *)mem + sizeof(counters_header_t)) + i;
+}
+
+uint64_t rq_counters_bytes(uint64_t n) { return sizeof(counters_header_t) + n * sizeof(cell_t); }
+
+int rq_counters_init(void *mem, uint64_t n) {
+    counters_header_t *h = mem;
+    memset(mem, 0, rq_counters_bytes(n));
+    h->version = VERSION;
+    h->n = n;
+    atomic_store_explicit((_Atomic uint64_t *)&h->magic, COUNTERS_MAGIC, memory_order_release);
+    return RQ_OK;
+}
+
+int rq_counters_check(const void *mem, uint64_t mem_bytes, uint64_t n) {
+    const counters_header_t *h = mem;
+    if (mem_bytes < rq_counters_bytes(n) ||
+        atomic_load_explicit((_Atomic uint64_t *)&h->magic, memory_order_acquire) != COUNTERS_MAGIC ||
+        h->version != VERSION || h->n != n)
+        return RQ_BAD_HEADER;
+    return RQ_OK;
+}
+
+void rq_counter_add_int(void *mem, uint64_t i, int64_t value) {
+    atomic_fetch_add_explicit(&cell(mem, i)->value, (uint64_t)value, memory_order_relaxed);
+}
+
+void rq_counter_set_int(void *mem, uint64_t i, int64_t value) {
+    atomic_store_explicit(&cell(mem, i)->value, (uint64_t)value, memory_order_relaxed);
+}
+
+static inline uint64_t bits_of(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
+static inline double double_of(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
+
+void rq_counter_add_float(void *mem, uint64_t i, double value) {
+    _Atomic uint64_t *v = &cell(mem, i)->value;
+    uint64_t old = atomic_load_explicit(v, memory_order_relaxed);
+    /* There is no atomic add for doubles: retry until nobody changed the cell between
+     * our read and our write. A failed CAS reloads `old`. */
+    while (!atomic_compare_exchange_weak_explicit(v, &old, bits_of(double_of(old) + value),
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
+}
+
+void rq_counter_set_float(void *mem, uint64_t i, double value) {
+    atomic_store_explicit(&cell(mem, i)->value, bits_of(value), memory_order_relaxed);
+}
+
+void rq_counters_read(const void *mem, uint64_t *out, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++)
+        out[i] = atomic_load_explicit(&cell((void *)mem, i)->value, memory_order_relaxed);
+}

@@ -1,0 +1,71 @@
+/*
+ * rq: a bounded multi-producer multi-consumer queue of fixed-size records, and a
+ * block of atomic counters, both living in a caller-provided memory region.
+ *
+ * The region holds no pointers, only offsets, so the same queue works between the
+ * threads of one process and between processes that map the same shared memory at
+ * different addresses. The algorithm is described step by step in native/README.md.
+ *
+ * This header is also what the cffi build script declares to Python, so it uses
+ * only plain C types: the atomic layout lives in rq.c.
+ */
+#ifndef RQ_H
+#define RQ_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* Return codes. Non-negative results of rq_push/rq_pop are record counts. */
+#define RQ_OK 0
+#define RQ_CLOSED -1            /* push: the queue is closed; pop: closed and drained */
+#define RQ_TOO_MANY_PRODUCERS -2 /* more producer threads than RQ_MAX_PRODUCERS at once */
+#define RQ_BAD_ARGUMENT -3       /* capacity or record size out of range */
+#define RQ_BAD_HEADER -4         /* the region does not hold a queue of this version */
+
+#define RQ_MAX_PRODUCERS 256               /* producer threads registered at once */
+#define RQ_MAX_RECORD_SIZE (16u << 20)     /* 16 MiB per record */
+#define RQ_MAX_CAPACITY (1ull << 32)       /* records per queue */
+
+/* Queue. `mem` is a region of at least rq_queue_bytes(...) bytes, aligned to 128. */
+uint64_t rq_queue_bytes(uint64_t capacity, uint64_t record_size);
+int rq_queue_init(void *mem, uint64_t capacity, uint64_t record_size);
+int rq_queue_check(const void *mem, uint64_t mem_bytes, uint64_t capacity, uint64_t record_size);
+
+/*
+ * Move up to n records. timeout_ns: 0 never waits, < 0 waits without limit, > 0 waits
+ * at most that long for the first record to fit (push) or arrive (pop).
+ * Returns the number of records moved (0: none before the timeout, or the wait was
+ * interrupted by a signal), or RQ_CLOSED, or RQ_TOO_MANY_PRODUCERS (push only).
+ * rq_pop writes the records it returns contiguously to `out`; records skipped because
+ * their producer died (see rq_stats) are not written and not counted.
+ */
+int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns);
+int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns);
+
+/* Close: later pushes return RQ_CLOSED, pops drain what is left. Wakes every waiter. */
+void rq_close(void *mem);
+int rq_is_closed(const void *mem);
+
+/* Approximate number of records in the queue (exact when nothing is in flight). */
+uint64_t rq_size(const void *mem);
+
+/* Statistics: waits on full, waits on empty, records skipped after a producer died. */
+typedef struct {
+    uint64_t full_waits;
+    uint64_t empty_waits;
+    uint64_t skipped;
+} rq_stats_t;
+void rq_stats(const void *mem, rq_stats_t *out);
+
+/* Counters: n 64-bit cells, each on its own cache line. */
+uint64_t rq_counters_bytes(uint64_t n);
+int rq_counters_init(void *mem, uint64_t n);
+int rq_counters_check(const void *mem, uint64_t mem_bytes, uint64_t n);
+void rq_counter_add_int(void *mem, uint64_t index, int64_t value);
+void rq_counter_add_float(void *mem, uint64_t index, double value);
+void rq_counter_set_int(void *mem, uint64_t index, int64_t value);
+void rq_counter_set_float(void *mem, uint64_t index, double value);
+/* Copies the raw 64-bit cells; float cells hold the bits of a double. */
+void rq_counters_read(const void *mem, uint64_t *out, uint64_t n);
+
+#endif

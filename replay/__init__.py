@@ -1,0 +1,26 @@
+"""replay: a lock-free bounded queue of numpy records, and atomic counters, in shared
+memory, for threads and processes. Needs only numpy and cffi.
+
+    >>> import numpy as np
+    >>> from replay import ArrayQueue
+    >>> q = ArrayQueue(1024, [("obs", "f4", (4,)), ("action", "i8"), ("reward", "f4")])
+    >>> q.put((np.zeros(4), 1, 0.5))
+    >>> float(q.get()["reward"])
+    0.5
+"""
+from queue import Empty, Full
+
+from ._shm import remove_stale_segments
+from .counters import Counters
+from .queue import MAX_CAPACITY, MAX_RECORD_BYTES, ArrayQueue, Closed
+
+__all__ = [
+    "ArrayQueue",
+    "Closed",
+    "Counters",
+    "Empty",
+    "Full",
+    "MAX_CAPACITY",
+    "MAX_RECORD_BYTES",
+    "remove_stale_segments",
+]

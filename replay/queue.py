@@ -1,0 +1,315 @@
+"""ArrayQueue: a bounded lock-free queue of fixed-size numpy records in shared memory."""
+from __future__ import annotations
+
+import queue
+import time
+
+import numpy as np
+
+from ._rq import ffi, lib
+from ._shm import Segment, SegmentGone
+
+__all__ = ["ArrayQueue", "Closed", "MAX_CAPACITY", "MAX_RECORD_BYTES"]
+
+MAX_CAPACITY = lib.RQ_MAX_CAPACITY
+MAX_RECORD_BYTES = lib.RQ_MAX_RECORD_SIZE
+MAX_PRODUCERS = lib.RQ_MAX_PRODUCERS
+
+# Blocking calls wait in the kernel for at most this long per C call, then come back to
+# Python, so that Ctrl-C and other signals are handled while a thread waits.
+_WAIT_SLICE_S = 0.05
+_WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
+
+
+class Closed(getattr(queue, "ShutDown", Exception)):
+    """The queue is closed: puts are refused, and gets find it closed and drained."""
+
+
+def _check_timeout(block: bool, timeout: float | None) -> None:
+    if block and timeout is not None and not (timeout > 0):  # also rejects NaN
+        raise ValueError(
+            f"timeout must be a positive number of seconds or None, got {timeout!r}; "
+            "for a call that does not wait, pass block=False"
+        )
+
+
+class ArrayQueue:
+    """Bounded multi-producer multi-consumer FIFO of records of one numpy dtype.
+
+    One item is one element of `dtype`, which may be structured, for example a
+    transition ``[("obs", "f4", (4,)), ("action", "i8"), ("reward", "f4"), ("done", "?")]``.
+    The interface is `queue.Queue`'s, plus `put_many`/`get_many` for numpy batches and
+    `close()`. The records live in shared memory: pass the queue to a
+    `multiprocessing.Process` (fork or spawn) and both sides use the same queue. The
+    creating process removes the shared memory when the queue is closed, collected, or
+    the program exits.
+
+    Order: records from one producer come out in the order it put them; records from
+    different producers interleave. `qsize()`, `empty()` and `full()` are snapshots that
+    may be stale by the time they return, as with `queue.Queue`.
+    """
+
+    def __init__(self, capacity: int, dtype):
+        dtype = np.dtype(dtype)
+        if isinstance(capacity, bool) or not isinstance(capacity, (int, np.integer)):
+            raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
+        if not 1 <= capacity <= MAX_CAPACITY:
+            raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
+        _check_dtype(dtype)
+        capacity = int(capacity)
+        segment = Segment.create(lib.rq_queue_bytes(capacity, dtype.itemsize))
+        lib.rq_queue_init(segment.address, capacity, dtype.itemsize)
+        self._setup(segment, capacity, dtype)
+
+    def _setup(self, segment: Segment, capacity: int, dtype: np.dtype) -> None:
+        self._segment = segment
+        self._q = segment.address
+        self._capacity = capacity
+        self._dtype = dtype
+        # A dtype with a subarray, e.g. ("f4", (84, 84)), is stored as its base type with
+        # that shape per item: numpy expands it when it creates an array.
+        self._base = dtype.base
+        self._item_shape = dtype.shape
+
+    @classmethod
+    def _attach(cls, name: str, capacity: int, dtype: np.dtype) -> ArrayQueue:
+        self = cls.__new__(cls)
+        try:
+            segment = Segment.attach(name, lib.rq_queue_bytes(capacity, dtype.itemsize))
+        except SegmentGone as error:
+            raise Closed(f"the queue is closed: {error}") from None
+        if lib.rq_queue_check(segment.address, segment.size, capacity, dtype.itemsize) != lib.RQ_OK:
+            raise ValueError(f"shared memory {name!r} does not hold a queue of this version")
+        self._setup(segment, capacity, dtype)
+        return self
+
+    def __reduce__(self):
+        return ArrayQueue._attach, (self._segment.name, self._capacity, self._dtype)
+
+    # ---- properties -------------------------------------------------------------------
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    @property
+    def maxsize(self) -> int:
+        """`queue.Queue`'s name for the capacity."""
+        return self._capacity
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self._dtype
+
+    @property
+    def closed(self) -> bool:
+        return bool(lib.rq_is_closed(self._q))
+
+    def qsize(self) -> int:
+        return lib.rq_size(self._q)
+
+    __len__ = qsize
+
+    def empty(self) -> bool:
+        return lib.rq_size(self._q) == 0
+
+    def full(self) -> bool:
+        return lib.rq_size(self._q) >= self._capacity
+
+    def stats(self) -> dict[str, int]:
+        """Waits on a full and on an empty queue, and records skipped because the
+        producer that claimed their slot died before writing them."""
+        out = ffi.new("rq_stats_t *")
+        lib.rq_stats(self._q, out)
+        return {"full_waits": out.full_waits, "empty_waits": out.empty_waits,
+                "skipped": out.skipped}
+
+    # ---- one item ---------------------------------------------------------------------
+
+    def put(self, item, block: bool = True, timeout: float | None = None) -> None:
+        """Put one item, waiting for room if `block`. Raises `queue.Full` if there is no
+        room (at once, or after `timeout` seconds), `Closed` if the queue is closed."""
+        record = self._record(item)
+        _check_timeout(block, timeout)
+        if not self._move(lib.rq_push, record, 1, block, timeout):
+            raise queue.Full
+
+    def put_nowait(self, item) -> None:
+        self.put(item, block=False)
+
+    def get(self, block: bool = True, timeout: float | None = None):
+        """Remove and return one item (a numpy scalar of the dtype, or an array for a
+        subarray dtype). Raises `queue.Empty` if there is none (at once, or after
+        `timeout` seconds), `Closed` once the queue is closed and drained."""
+        _check_timeout(block, timeout)
+        out = np.empty(1, self._dtype)
+        if not self._move(lib.rq_pop, ffi.from_buffer(out), 1, block, timeout):
+            raise queue.Empty
+        return out[0]
+
+    def get_nowait(self):
+        return self.get(block=False)
+
+    # ---- batches ----------------------------------------------------------------------
+
+    def put_many(self, items: np.ndarray, block: bool = True, timeout: float | None = None) -> int:
+        """Put the records of `items` (an array of the queue's dtype) in order, and return
+        how many were put: all of them, unless the call did not block (`block=False`)
+        or `timeout` ran out, in which case the first N were put and the rest were not.
+        Raises `queue.Full` or `Closed` only when none could be put."""
+        items = self._records(items)
+        _check_timeout(block, timeout)
+        n = len(items)
+        if n == 0:
+            return 0
+        base = ffi.from_buffer(items)
+        size = self._dtype.itemsize
+        deadline = None if timeout is None else time.monotonic() + timeout
+        done = 0
+        try:
+            while done < n:
+                left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
+                moved = self._move(lib.rq_push, base + done * size, n - done, block, left)
+                if moved == 0:
+                    break  # block=False, or the timeout ran out
+                done += moved
+        except Closed:
+            if done == 0:
+                raise
+        finally:
+            ffi.release(base)
+        if done == 0:
+            raise queue.Full
+        return done
+
+    def get_many(self, max_items: int, block: bool = True, timeout: float | None = None,
+                 out: np.ndarray | None = None) -> np.ndarray:
+        """Remove and return between 1 and `max_items` records as an array, waiting for
+        the first if `block`. With `out` (a writable, contiguous array of the dtype with
+        at least `max_items` rows) the records are written there and `out[:n]` returned,
+        with no allocation. Raises `queue.Empty` or `Closed` like `get`."""
+        if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)) or max_items < 1:
+            raise ValueError(f"max_items must be a positive int, got {max_items!r}")
+        _check_timeout(block, timeout)
+        if out is None:
+            out = np.empty(max_items, self._dtype)
+        else:
+            self._check_out(out, max_items)
+        n = self._move(lib.rq_pop, ffi.from_buffer(out), max_items, block, timeout)
+        if n == 0:
+            raise queue.Empty
+        return out[:n]
+
+    # ---- closing ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse later puts and wake every waiter; gets drain what is left, then raise
+        `Closed`. In the creating process this also removes the shared memory's name
+        (processes already attached keep their mapping)."""
+        lib.rq_close(self._q)
+        self._segment.unlink()
+
+    def __enter__(self) -> ArrayQueue:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else f"{self.qsize()}/{self._capacity}"
+        return f"ArrayQueue({state}, dtype={self._dtype})"
+
+    # ---- internals --------------------------------------------------------------------
+
+    def _move(self, fn, buffer, n: int, block: bool, timeout: float | None) -> int:
+        """Call rq_push/rq_pop, waiting in slices until something moved or time is up.
+        Returns the count moved (0: nothing before the timeout)."""
+        if not block:
+            moved = fn(self._q, buffer, n, 0)
+        else:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                moved = fn(self._q, buffer, n, _WAIT_SLICE_NS if deadline is None else
+                           min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9))))
+                if moved != 0 or (deadline is not None and time.monotonic() >= deadline):
+                    break
+        if moved < 0:
+            raise self._error(moved)
+        return moved
+
+    def _error(self, code: int) -> Exception:
+        if code == lib.RQ_CLOSED:
+            return Closed("the queue is closed" + (" and drained" if self.qsize() == 0 else ""))
+        if code == lib.RQ_TOO_MANY_PRODUCERS:
+            return RuntimeError(
+                f"more than {MAX_PRODUCERS} threads are putting into this queue at once; "
+                "use fewer producer threads or processes"
+            )
+        return RuntimeError(f"queue error {code}")
+
+    def _record(self, item):
+        """One item as a cffi buffer of exactly one record, or a clear error."""
+        if isinstance(item, (np.ndarray, np.generic)):
+            if item.dtype != self._base or item.shape != self._item_shape:
+                raise TypeError(
+                    f"item has dtype {item.dtype} and shape {item.shape}; this queue holds "
+                    f"{self._describe()}"
+                )
+            if isinstance(item, np.ndarray) and not item.flags.c_contiguous:
+                item = np.ascontiguousarray(item)
+        else:
+            try:
+                item = np.asarray(item, dtype=self._base)
+            except (TypeError, ValueError) as error:
+                raise TypeError(f"cannot store {item!r} as {self._describe()}: {error}") from None
+            if item.shape != self._item_shape:
+                raise ValueError(
+                    f"item has shape {item.shape}; this queue holds {self._describe()}"
+                )
+        return ffi.from_buffer(item)
+
+    def _records(self, items) -> np.ndarray:
+        self._check_array(items, "put_many's items")
+        return np.ascontiguousarray(items)
+
+    def _check_out(self, out, max_items: int) -> None:
+        self._check_array(out, "out")
+        if len(out) < max_items:
+            raise ValueError(f"out has {len(out)} rows, fewer than max_items={max_items}")
+        if not (out.flags.c_contiguous and out.flags.writeable):
+            raise ValueError("out must be C-contiguous and writeable")
+
+    def _check_array(self, array, what: str) -> None:
+        if not isinstance(array, np.ndarray):
+            raise TypeError(
+                f"{what} must be a numpy array of {self._describe()}, got "
+                f"{type(array).__name__}; build one with np.asarray(..., dtype=queue.dtype)"
+            )
+        if array.dtype != self._base or array.shape[1:] != self._item_shape or \
+                array.ndim != 1 + len(self._item_shape):
+            raise TypeError(
+                f"{what} has dtype {array.dtype} and shape {array.shape}; it must be an "
+                f"array of n {self._describe()}"
+            )
+
+    def _describe(self) -> str:
+        if self._item_shape:
+            return f"items of shape {self._item_shape} and dtype {self._base}"
+        return f"items of dtype {self._dtype}"
+
+
+def _check_dtype(dtype: np.dtype) -> None:
+    if dtype.hasobject:
+        raise TypeError(
+            f"dtype {dtype} holds Python objects, which cannot live in shared memory; "
+            "use fixed-size fields (numbers, bools, fixed-length bytes)"
+        )
+    if dtype.itemsize == 0:
+        raise ValueError(f"dtype {dtype} has size 0; records must hold at least one byte")
+    if dtype.itemsize > MAX_RECORD_BYTES:
+        raise ValueError(
+            f"a record of dtype {dtype} takes {dtype.itemsize} bytes, more than the limit of "
+            f"{MAX_RECORD_BYTES} ({MAX_RECORD_BYTES >> 20} MiB); put the large part elsewhere "
+            "in shared memory and queue an index to it"
+        )
+
