@@ -1,0 +1,198 @@
+"""Actor-critic networks.
+
+:func:`build_model` returns an :class:`ActorCritic` suited to a pair of
+gymnasium spaces. Any ``nn.Module`` with the same interface can be used in
+its place; the trainer relies only on:
+
+``forward(obs) -> (policy_params [N, P], value [N])``
+    ``obs`` is a batch ``[N, *observation_space.shape]`` holding the
+    observation space's dtype (e.g. float32, or uint8 for images); the
+    module converts it itself. ``policy_params`` parameterise the action
+    distribution (logits for discrete actions, means for continuous ones).
+``dist(policy_params) -> torch.distributions.Distribution``
+    Its ``log_prob`` and ``entropy`` return one value per batch row [N].
+``act(obs, deterministic=False) -> (action, log_prob [N], value [N])``
+    Without gradient; ``deterministic`` selects the mode instead of sampling.
+``evaluate(obs, actions) -> (log_prob [N], entropy [N], value [N])``
+    With gradient, for the learner's loss.
+Properties ``is_continuous``, ``action_shape`` and ``action_dtype``
+    Describe one action, so that the caller can allocate buffers.
+"""
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributions import Categorical, Distribution, Independent, Normal
+
+__all__ = ["ActorCritic", "build_model"]
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+def _orthogonal(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights and zero bias, the usual actor-critic initialisation."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def _mlp_torso(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> Tuple[nn.Module, int]:
+    """Fully connected torso; returns the module and its output size."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    layers = []
+    for size in hidden_sizes:
+        layers += [_orthogonal(nn.Linear(in_dim, size), math.sqrt(2)), _ACTIVATIONS[activation]()]
+        in_dim = size
+    return nn.Sequential(*layers), in_dim
+
+
+def _cnn_torso(obs_shape: Sequence[int]) -> Tuple[nn.Module, int]:
+    """Nature-DQN convolutional torso (Mnih et al., 2015) for [C, H, W] images."""
+    convs = nn.Sequential(
+        _orthogonal(nn.Conv2d(obs_shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+        _orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+        _orthogonal(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
+        nn.Flatten(),
+    )
+    # Size the dense layer from a dummy forward pass rather than by hand.
+    try:
+        with torch.no_grad():
+            flat_dim = convs(torch.zeros(1, *obs_shape)).shape[1]
+    except RuntimeError as error:
+        raise ValueError(
+            f"observation shape {tuple(obs_shape)} is too small for the CNN torso; "
+            "pass cnn=False to use the MLP torso"
+        ) from error
+    return nn.Sequential(convs, _orthogonal(nn.Linear(flat_dim, 512), math.sqrt(2)), nn.ReLU()), 512
+
+
+class ActorCritic(nn.Module):
+    """Shared-torso actor-critic with a categorical or diagonal Gaussian policy.
+
+    Args:
+        observation_space: ``Box`` (flattened for the MLP torso; ``[C, H, W]``
+            for the CNN torso) or ``Discrete`` (one-hot encoded).
+        action_space: ``Discrete`` (categorical policy over logits) or a
+            rank-1 ``Box`` (Gaussian with a state-independent learnable
+            ``log_std``; samples are unclipped, the caller clips them to the
+            action bounds before stepping the environment).
+        hidden_sizes: widths of the MLP torso layers.
+        activation: ``"tanh"`` or ``"relu"`` for the MLP torso.
+        cnn: use the CNN torso; ``None`` picks it for rank-3 ``Box`` observations.
+    """
+
+    def __init__(
+        self,
+        observation_space: gym.Space,
+        action_space: gym.Space,
+        hidden_sizes: Sequence[int] = (64, 64),
+        activation: str = "tanh",
+        cnn: Optional[bool] = None,
+    ):
+        super().__init__()
+        if isinstance(observation_space, gym.spaces.Discrete):
+            self._obs_kind, in_dim = "onehot", int(observation_space.n)
+        elif isinstance(observation_space, gym.spaces.Box):
+            self._obs_kind, in_dim = "box", int(np.prod(observation_space.shape))
+        else:
+            raise ValueError(
+                f"unsupported observation space {observation_space}; expected Box or Discrete"
+            )
+        if cnn is None:
+            cnn = self._obs_kind == "box" and len(observation_space.shape) == 3
+        if cnn and not (self._obs_kind == "box" and len(observation_space.shape) == 3):
+            raise ValueError(
+                "the CNN torso needs a rank-3 Box [C, H, W] observation space, "
+                f"got {observation_space}"
+            )
+        if isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0:
+            self._action_shape, n_params = (), int(action_space.n)
+        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
+            self._action_shape, n_params = tuple(action_space.shape), action_space.shape[0]
+        else:
+            raise ValueError(
+                f"unsupported action space {action_space}; "
+                "expected Discrete (starting at 0) or a rank-1 Box"
+            )
+
+        self.observation_space = observation_space
+        self._obs_start = int(getattr(observation_space, "start", 0))
+        # Image observations stored as bytes are rescaled to [0, 1].
+        self._obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
+        self.uses_cnn = bool(cnn)
+        if self.uses_cnn:
+            self.torso, feature_dim = _cnn_torso(observation_space.shape)
+        else:
+            self.torso, feature_dim = _mlp_torso(in_dim, hidden_sizes, activation)
+        self.policy_head = _orthogonal(nn.Linear(feature_dim, n_params), 0.01)
+        self.value_head = _orthogonal(nn.Linear(feature_dim, 1), 1.0)
+        if self.is_continuous:
+            self.log_std = nn.Parameter(torch.zeros(n_params))
+
+    @property
+    def is_continuous(self) -> bool:
+        return self._action_shape != ()
+
+    @property
+    def action_shape(self) -> Tuple[int, ...]:
+        return self._action_shape
+
+    @property
+    def action_dtype(self) -> type:
+        return np.float32 if self.is_continuous else np.int64
+
+    def _features_input(self, obs: torch.Tensor) -> torch.Tensor:
+        """Turn raw observations of the space's dtype into float torso inputs."""
+        if self._obs_kind == "onehot":
+            return F.one_hot(obs.long() - self._obs_start, self.observation_space.n).float()
+        obs = obs.float() * self._obs_scale
+        return obs if self.uses_cnn else obs.flatten(start_dim=1)
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        features = self.torso(self._features_input(obs))
+        return self.policy_head(features), self.value_head(features).squeeze(-1)
+
+    def dist(self, policy_params: torch.Tensor) -> Distribution:
+        if not self.is_continuous:
+            return Categorical(logits=policy_params)
+        # Independent sums log_prob and entropy over the action dimensions.
+        return Independent(Normal(policy_params, self.log_std.exp().expand_as(policy_params)), 1)
+
+    @torch.no_grad()
+    def act(
+        self, obs: torch.Tensor, deterministic: bool = False
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        policy_params, value = self(obs)
+        dist = self.dist(policy_params)
+        if not deterministic:
+            action = dist.sample()
+        elif self.is_continuous:
+            action = policy_params  # the Gaussian mean
+        else:
+            action = policy_params.argmax(dim=-1)
+        return action, dist.log_prob(action), value
+
+    def evaluate(
+        self, obs: torch.Tensor, actions: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        policy_params, value = self(obs)
+        dist = self.dist(policy_params)
+        actions = actions.float() if self.is_continuous else actions.long()
+        return dist.log_prob(actions), dist.entropy(), value
+
+
+def build_model(
+    observation_space: gym.Space,
+    action_space: gym.Space,
+    hidden_sizes: Sequence[int] = (64, 64),
+    activation: str = "tanh",
+    cnn: Optional[bool] = None,
+) -> ActorCritic:
+    """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
+    return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn)

@@ -1,0 +1,128 @@
+"""Tests of the actor-critic networks in a3c.model."""
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from a3c.model import ActorCritic, build_model
+
+N = 5
+
+CARTPOLE = (spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2))
+PENDULUM = (spaces.Box(-8.0, 8.0, (3,), np.float32), spaces.Box(-2.0, 2.0, (1,), np.float32))
+ATARI = (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6))
+SPACES = pytest.mark.parametrize("obs_space, action_space", [CARTPOLE, PENDULUM, ATARI],
+                                 ids=["cartpole", "pendulum", "atari"])
+
+
+def batch(space, n=N):
+    """A batch of observations with the space's dtype, as the trainer passes them."""
+    return torch.as_tensor(np.stack([space.sample() for _ in range(n)]))
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    torch.manual_seed(0)
+
+
+@SPACES
+def test_forward_act_evaluate_shapes(obs_space, action_space):
+    model = build_model(obs_space, action_space)
+    assert isinstance(model, ActorCritic)
+    obs = batch(obs_space)
+    discrete = isinstance(action_space, spaces.Discrete)
+    n_params = action_space.n if discrete else action_space.shape[0]
+
+    params, value = model(obs)
+    assert params.shape == (N, n_params) and value.shape == (N,)
+
+    action, log_prob, value = model.act(obs)
+    assert action.shape == (N, *model.action_shape)
+    assert action.numpy().dtype == model.action_dtype
+    assert log_prob.shape == value.shape == (N,)
+
+    log_prob, entropy, value = model.evaluate(obs, action)
+    assert log_prob.shape == entropy.shape == value.shape == (N,)
+    assert log_prob.requires_grad
+
+
+def test_properties_describe_the_action_space():
+    discrete, continuous = build_model(*CARTPOLE), build_model(*PENDULUM)
+    assert not discrete.is_continuous and discrete.action_shape == ()
+    assert discrete.action_dtype is np.int64
+    assert continuous.is_continuous and continuous.action_shape == (1,)
+    assert continuous.action_dtype is np.float32
+    torch.testing.assert_close(continuous.log_std.detach(), torch.zeros(1))
+
+
+@pytest.mark.parametrize("cnn, uses_cnn", [(None, True), (False, False)])
+def test_cnn_torso_is_chosen_for_images(cnn, uses_cnn):
+    model = build_model(*ATARI, cnn=cnn)
+    assert model.uses_cnn is uses_cnn
+    assert any(isinstance(m, torch.nn.Conv2d) for m in model.modules()) is uses_cnn
+    assert not build_model(*CARTPOLE).uses_cnn
+
+
+@SPACES
+def test_sampled_log_prob_matches_evaluate(obs_space, action_space):
+    model = build_model(obs_space, action_space)
+    obs = batch(obs_space)
+    action, log_prob, value = model.act(obs)
+    eval_log_prob, _, eval_value = model.evaluate(obs, action)
+    torch.testing.assert_close(log_prob, eval_log_prob.detach())
+    torch.testing.assert_close(value, eval_value.detach())
+
+
+@SPACES
+def test_deterministic_act_is_mode(obs_space, action_space):
+    model = build_model(obs_space, action_space)
+    obs = batch(obs_space)
+    action, _, _ = model.act(obs, deterministic=True)
+    params, _ = model(obs)
+    expected = params if model.is_continuous else params.argmax(dim=-1)
+    torch.testing.assert_close(action, expected.detach())
+
+
+def test_gaussian_log_prob_and_entropy_sum_over_action_dims():
+    obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    model = build_model(obs_space, spaces.Box(-2.0, 2.0, (4,), np.float32))
+    with torch.no_grad():
+        model.log_std.copy_(torch.tensor([-1.0, 0.0, 0.5, 1.0]))
+    obs = batch(obs_space)
+    actions = torch.randn(N, 4)
+
+    log_prob, entropy, _ = model.evaluate(obs, actions)
+    mean, _ = model(obs)
+    per_dim = torch.distributions.Normal(mean, model.log_std.exp())
+    torch.testing.assert_close(log_prob, per_dim.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, per_dim.entropy().sum(-1))
+
+
+def test_discrete_observations_are_one_hot_encoded():
+    model = build_model(spaces.Discrete(7), spaces.Discrete(3), hidden_sizes=())
+    obs = torch.tensor([0, 3, 6])
+    expected = model.policy_head(torch.nn.functional.one_hot(obs, 7).float())
+    torch.testing.assert_close(model(obs)[0], expected)
+
+
+@pytest.mark.parametrize("obs_space, action_space, message", [
+    (spaces.MultiDiscrete([2, 3]), spaces.Discrete(2), "observation space MultiDiscrete"),
+    (CARTPOLE[0], spaces.MultiBinary(3), "action space MultiBinary"),
+    (CARTPOLE[0], spaces.Box(-1.0, 1.0, (2, 2), np.float32), "action space Box"),
+    (CARTPOLE[0], spaces.Discrete(3, start=1), "action space Discrete"),
+])
+def test_unsupported_spaces_raise_value_error_naming_the_space(obs_space, action_space, message):
+    with pytest.raises(ValueError, match=message):
+        build_model(obs_space, action_space)
+
+
+def test_forcing_cnn_on_flat_observations_raises_value_error():
+    with pytest.raises(ValueError, match=r"rank-3 Box .* got Box"):
+        build_model(*CARTPOLE, cnn=True)
+
+
+def test_unknown_activation_raises_value_error():
+    with pytest.raises(ValueError, match="activation"):
+        build_model(*CARTPOLE, activation="gelu")
+
