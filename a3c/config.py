@@ -1,0 +1,455 @@
+"""Run configuration: typed dataclass sections, YAML loading, dotted overrides and validation.
+
+Every leaf field carries its one-line help text in ``metadata["help"]`` (the single source for
+``field_help`` and CLI help) and its allowed values/ranges in the same metadata. Validation collects
+every problem and raises one ``ConfigError`` listing them all.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import operator
+import os
+import re
+import tempfile
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+__all__ = [
+    "Config", "EnvConfig", "ModelConfig", "ActorsConfig", "LearnersConfig", "OptimConfig",
+    "VTraceConfig", "LoggingConfig", "CheckpointConfig", "ConfigError", "load_config",
+    "apply_overrides", "config_to_dict", "save_config", "config_table", "field_help",
+]
+
+
+def _f(default: Any, help: str, **rules: Any) -> Any:
+    """A leaf field with help text and validation rules (choices, ge, gt, le, lt, length)."""
+    meta = {"help": help, **rules}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.deepcopy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class EnvConfig:
+    id: str = _f("CartPole-v1", "gymnasium id; ALE ids (e.g. ALE/Pong-v5) need ale-py")
+    kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
+    atari: bool = _f(False, "Atari preprocessing (84x84 gray, frame skip 4, noop 30) + frame stack")
+    frame_stack: int = _f(4, "frames stacked when atari is true", ge=1)
+    max_episode_steps: int | None = _f(None, "episode step limit (null: the environment's own)", ge=1)
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: list[int] = _f([64, 64], "sizes of the hidden layers of the MLP torso", ge=1)
+    activation: str = _f("tanh", "activation of the hidden layers", choices=("tanh", "relu"))
+    cnn: bool | None = _f(None, "CNN torso (null: auto, CNN for image observations)")
+
+
+@dataclass
+class ActorsConfig:
+    mode: str = _f("process", "how actors run", choices=("process", "thread"))
+    num: int = _f(2, "number of actors", ge=1)
+    envs_per_actor: int = _f(8, "environments stepped by each actor", ge=1)
+    unroll_length: int = _f(20, "steps per fragment (T)", ge=1)
+    queue_capacity: int = _f(256, "fragments the queue holds (>= learners.batch_size)", ge=1)
+    max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
+
+
+@dataclass
+class LearnersConfig:
+    num: int = _f(1, "learner threads (Hogwild)", ge=1)
+    batch_size: int = _f(32, "fragments per update (B)", ge=1)
+    gamma: float = _f(0.99, "discount factor", ge=0, le=1)
+    ent_coef: float = _f(0.01, "entropy bonus coefficient", ge=0)
+    vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
+    max_grad_norm: float = _f(40.0, "gradient norm clipping threshold", gt=0)
+    device: str = _f("cpu", "learner device: cpu | cuda | cuda:N")
+
+
+@dataclass
+class OptimConfig:
+    name: str = _f("rmsprop", "optimizer", choices=("rmsprop", "adam"))
+    lr: float = _f(7e-4, "learning rate", gt=0)
+    lr_schedule: str = _f("constant", "learning rate schedule (linear: to 0 at total_timesteps)",
+                          choices=("constant", "linear"))
+    eps: float = _f(1e-5, "optimizer epsilon", gt=0)
+    alpha: float = _f(0.99, "RMSprop smoothing constant", ge=0, lt=1)
+    betas: list[float] = _f([0.9, 0.999], "Adam betas", ge=0, lt=1, length=2)
+
+
+@dataclass
+class VTraceConfig:
+    clip_rho_threshold: float | None = _f(1.0, "V-trace rho clip (null: no clipping)", gt=0)
+    clip_pg_rho_threshold: float | None = _f(1.0, "V-trace policy-gradient rho clip (null: no clipping)",
+                                             gt=0)
+
+
+@dataclass
+class LoggingConfig:
+    run_root: str = _f("runs", "folder that holds the run folders")
+    interval_s: float = _f(5.0, "monitor write interval in seconds", gt=0)
+    progress: bool = _f(True, "progress bar on the terminal")
+
+
+@dataclass
+class CheckpointConfig:
+    interval_s: float = _f(60.0, "checkpoint interval in seconds (0: only a final checkpoint)", ge=0)
+
+
+@dataclass
+class Config:
+    name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
+    seed: int = _f(1, "random seed", ge=0)
+    total_timesteps: int = _f(500_000, "env steps to train for (summed over all envs)", ge=1)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    actors: ActorsConfig = field(default_factory=ActorsConfig)
+    learners: LearnersConfig = field(default_factory=LearnersConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    vtrace: VTraceConfig = field(default_factory=VTraceConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+
+
+class ConfigError(ValueError):
+    """Invalid configuration; ``problems`` lists every problem found, one message each."""
+
+    def __init__(self, problems: Sequence[str], source: str | None = None):
+        self.problems = list(problems)
+        head = f"{source}: " if source else ""
+        n = len(self.problems)
+        super().__init__(f"{head}invalid config ({n} problem{'s' * (n != 1)}):\n"
+                         + "\n".join(f"  {p}" for p in self.problems))
+
+
+class _Loader(yaml.SafeLoader):
+    """SafeLoader that also reads exponent floats without a dot (3e-4) as floats, like YAML 1.2."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                   |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)
+
+
+# ----------------------------------------------------------------------------------- introspection
+def _leaves(cls: type = Config, prefix: str = "") -> list[tuple[str, dataclasses.Field, Any]]:
+    """(dotted key, field, type) for every leaf field, in declaration order."""
+    out, hints = [], typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            out += _leaves(tp, f"{prefix}{f.name}.")
+        else:
+            out.append((prefix + f.name, f, tp))
+    return out
+
+
+def field_help() -> dict[str, str]:
+    """Dotted key -> one-line help text, for every leaf field."""
+    return {key: f.metadata["help"] for key, f, _ in _leaves()}
+
+
+def _tname(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_tname(a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return "null"
+    if typing.get_origin(tp) is list:
+        return f"list of {_tname(typing.get_args(tp)[0])}"
+    if tp is dict or typing.get_origin(tp) is dict:
+        return "mapping"
+    return tp.__name__
+
+
+def _conform(v: Any, tp: Any) -> tuple[bool, Any]:
+    """(ok, value converted to tp); ints are accepted for floats, bools are not ints."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, c = _conform(v, arg)
+            if ok:
+                return True, c
+        return False, None
+    if tp is type(None):
+        return v is None, None
+    if origin is list:
+        if not isinstance(v, (list, tuple)):
+            return False, None
+        items = [_conform(x, typing.get_args(tp)[0]) for x in v]
+        return all(ok for ok, _ in items), [c for _, c in items]
+    if tp is dict or origin is dict:
+        ok = isinstance(v, Mapping) and all(isinstance(k, str) for k in v)
+        return ok, copy.deepcopy(dict(v)) if ok else None
+    if tp is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return ok, float(v) if ok else None
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool), v
+    return isinstance(v, tp), v
+
+
+def _range_problem(key: str, v: Any, meta: Mapping[str, Any], nullable: bool) -> str | None:
+    if "choices" in meta and v not in meta["choices"]:
+        return f"{key}: {v!r} is not allowed; use one of: {', '.join(meta['choices'])}"
+    lo = [(">=", meta["ge"])] if "ge" in meta else [(">", meta["gt"])] if "gt" in meta else []
+    hi = [("<=", meta["le"])] if "le" in meta else [("<", meta["lt"])] if "lt" in meta else []
+    if not (lo or hi) or v is None:
+        return None
+    name = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
+    ops = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+    if all(ops[op](v, b) for op, b in lo + hi):
+        return None
+    if lo and hi:
+        flip = {">=": "<=", ">": "<"}
+        allowed = f"{lo[0][1]} {flip[lo[0][0]]} {name} {hi[0][0]} {hi[0][1]}"
+    else:
+        allowed = " and ".join(f"{name} {op} {b}" for op, b in lo + hi)
+    return f"{key}: {v!r} is out of range; allowed: {allowed}{' or null' if nullable else ''}"
+
+
+# --------------------------------------------------------------------------------------- building
+def _build(cls: type, data: Mapping[str, Any], prefix: str, problems: list[str], bad: set[str]) -> Any:
+    hints, names = typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            key = f"{prefix}{k}"
+            close = difflib.get_close_matches(str(k), names, n=1)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"allowed keys: {', '.join(names)}"
+            problems.append(f"{key}: unknown key; {hint}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key, v, tp = prefix + f.name, data[f.name], hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            if v is None:  # an empty section in YAML
+                continue
+            if isinstance(v, Mapping):
+                values[f.name] = _build(tp, v, key + ".", problems, bad)
+            else:
+                bad.add(key)
+                problems.append(f"{key}: {v!r} has type {type(v).__name__}; expected a section (mapping) "
+                                f"with keys: {', '.join(x.name for x in dataclasses.fields(tp))}")
+            continue
+        ok, c = _conform(v, tp)
+        if not ok:
+            bad.add(key)
+            problems.append(f"{key}: {v!r} has type {type(v).__name__}; expected {_tname(tp)}")
+            continue
+        meta, nullable = f.metadata, _conform(None, tp)[0]
+        errs = [_range_problem(f"{key}[{i}]", x, meta, nullable) for i, x in enumerate(v)] \
+            if isinstance(c, list) else [_range_problem(key, v, meta, nullable)]
+        if "length" in meta and len(c) != meta["length"]:
+            errs.append(f"{key}: {v!r} has {len(c)} items; allowed: exactly {meta['length']}")
+        errs = [e for e in errs if e]
+        if errs:
+            bad.add(key)
+            problems += errs
+        else:
+            values[f.name] = c
+    return cls(**values)
+
+
+def _check_env(env: EnvConfig, problems: list[str]) -> None:
+    import gymnasium
+
+    if env.id.startswith("ALE/"):
+        try:
+            import ale_py
+        except ImportError:
+            problems.append(f"env.id: {env.id!r} needs ale-py, which is not installed; pip install ale-py")
+            return
+        gymnasium.register_envs(ale_py)
+    registry = gymnasium.envs.registry
+    if env.id not in registry:
+        close = difflib.get_close_matches(env.id, list(registry), n=3)
+        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see gymnasium.envs.registry"
+        problems.append(f"env.id: {env.id!r} is not a registered gymnasium environment; {hint}")
+    elif env.atari and {**registry[env.id].kwargs, **env.kwargs}.get("frameskip", 1) != 1:
+        skip = {**registry[env.id].kwargs, **env.kwargs}["frameskip"]
+        problems.append(f"env.kwargs.frameskip: {skip!r} is not allowed with env.atari true; use 1 "
+                        f"(the Atari preprocessing skips frames itself)")
+
+
+def _check_device(device: str, problems: list[str]) -> None:
+    m = re.fullmatch(r"cpu|cuda(?::(\d+))?", device)
+    if not m:
+        problems.append(f"learners.device: {device!r} is not allowed; use one of: cpu, cuda, cuda:N")
+        return
+    if device.startswith("cuda"):
+        import torch
+
+        if not torch.cuda.is_available():
+            problems.append(f"learners.device: {device!r} but CUDA is not available; use cpu")
+        elif m.group(1) and int(m.group(1)) >= torch.cuda.device_count():
+            problems.append(f"learners.device: {device!r} but only {torch.cuda.device_count()} CUDA "
+                            f"device(s) are visible; allowed: cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
+
+
+def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) -> Config:
+    bad: set[str] = set()
+    cfg = _build(Config, data, "", problems, bad)
+    if "name" not in bad and (not cfg.name or cfg.name.startswith(".") or re.search(r"[/\\]", cfg.name)):
+        problems.append(f"name: {cfg.name!r} is not allowed; use a folder name without '/' or '\\' "
+                        f"that does not start with '.'")
+    if not ({"actors.queue_capacity", "learners.batch_size"} & bad) \
+            and cfg.actors.queue_capacity < cfg.learners.batch_size:
+        problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
+                        f"learners.batch_size ({cfg.learners.batch_size}); "
+                        f"allowed: queue_capacity >= batch_size")
+    if "env.id" not in bad and "env.kwargs" not in bad:
+        _check_env(cfg.env, problems)
+    if "learners.device" not in bad:
+        _check_device(cfg.learners.device, problems)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+# -------------------------------------------------------------------------------------- overrides
+def _set(data: dict[str, Any], key: str, value: Any, problems: list[str]) -> None:
+    parts = key.split(".")
+    if not all(parts):
+        problems.append(f"override {key!r}: malformed dotted key")
+        return
+    node = data
+    for i, part in enumerate(parts[:-1]):
+        child = node.setdefault(part, {})
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            problems.append(f"override {key!r}: {'.'.join(parts[:i + 1])} is {child!r}, not a section")
+            return
+        node = child
+    node[parts[-1]] = value
+
+
+def _apply(data: Mapping[str, Any], items: Mapping[str, Any], problems: list[str]) -> dict[str, Any]:
+    out = copy.deepcopy(dict(data))
+    for key, value in items.items():
+        _set(out, key, copy.deepcopy(value), problems)
+    return out
+
+
+def apply_overrides(data: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the config dict ``data`` with ``{"dotted.key": value}`` overrides set (values as given)."""
+    problems: list[str] = []
+    out = _apply(data, overrides, problems)
+    if problems:
+        raise ConfigError(problems)
+    return out
+
+
+def _parse_overrides(overrides: Sequence[str], problems: list[str]) -> dict[str, Any]:
+    items: dict[str, Any] = {}
+    for text in overrides:
+        key, sep, raw = str(text).partition("=")
+        if not sep or not key.strip():
+            problems.append(f"override {text!r}: expected dotted.key=value")
+            continue
+        try:
+            items[key.strip()] = _yaml(raw)
+        except yaml.YAMLError as e:
+            problems.append(f"override {text!r}: value is not valid YAML ({getattr(e, 'problem', e)})")
+    return items
+
+
+# ----------------------------------------------------------------------------------------- public
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: config file not found"]) from None
+    except OSError as e:
+        raise ConfigError([f"{path}: cannot read config file ({e.strerror or e})"]) from None
+    try:
+        data = _yaml(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        what = "; ".join(x for x in (getattr(e, "context", None), getattr(e, "problem", None)) if x) or str(e)
+        raise ConfigError([f"{where}: YAML syntax error: {what}"]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError([f"{path}: top level has type {type(data).__name__}; "
+                           f"expected a mapping of sections"])
+    return data
+
+
+def load_config(source: str | os.PathLike | Mapping[str, Any] | Config,
+                overrides: Sequence[str] | Mapping[str, Any] = ()) -> Config:
+    """Load and validate a config from a YAML path, a dict or a Config, applying overrides.
+
+    ``overrides`` is a sequence of ``dotted.key=value`` strings (values parsed as YAML) or a mapping
+    ``{"dotted.key": value}``. Raises ConfigError listing every problem.
+    """
+    name = None
+    if isinstance(source, Config):
+        data = config_to_dict(source)
+    elif isinstance(source, Mapping):
+        data = copy.deepcopy(dict(source))
+    elif isinstance(source, (str, os.PathLike)):
+        name = str(source)
+        data = _read_yaml(Path(source))
+    else:
+        raise ConfigError([f"config source: {type(source).__name__} given; "
+                           f"expected a path, a dict or a Config"])
+    problems: list[str] = []
+    items = dict(overrides) if isinstance(overrides, Mapping) else _parse_overrides(
+        [overrides] if isinstance(overrides, str) else overrides, problems)
+    return _validate(_apply(data, items, problems), problems, name)
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dict of the config (YAML-safe)."""
+    return dataclasses.asdict(cfg)
+
+
+def save_config(cfg: Config, path: str | os.PathLike) -> None:
+    """Write the config as YAML, atomically (temp file in the same folder, then os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _flow(v: Any) -> str:
+    return yaml.safe_dump(v, default_flow_style=True, width=float("inf")).removesuffix("\n...\n").strip()
+
+
+def config_table(cfg: Config) -> str:
+    """Markdown table ``| key | value |``, one row per dotted leaf (for TensorBoard's text plugin)."""
+    flat = config_to_dict(cfg)
+    rows = []
+    for key, _, _ in _leaves():
+        v: Any = flat
+        for part in key.split("."):
+            v = v[part]
+        rows.append(f"| {key} | {_flow(v).replace('|', chr(92) + '|')} |")
+    return "\n".join(["| key | value |", "|---|---|", *rows])

@@ -1,0 +1,181 @@
+"""Config layer: YAML loading, overrides, validation messages, saving and reporting."""
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from a3c.config import (Config, ConfigError, apply_overrides, config_table, config_to_dict, field_help,
+                        load_config, save_config)
+
+CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+HAS_ALE = importlib.util.find_spec("ale_py") is not None
+
+
+def problems(source, overrides=()):
+    with pytest.raises(ConfigError) as info:
+        load_config(source, overrides)
+    return info.value.problems
+
+
+def test_configs_folder_holds_the_expected_configs():
+    assert {p.stem for p in CONFIGS} >= {"cartpole", "acrobot", "pendulum", "pong"}
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_loads_and_validates(path):
+    raw = yaml.safe_load(path.read_text())
+    if raw["env"]["id"].startswith("ALE/") and not HAS_ALE:
+        pytest.importorskip("ale_py", reason="the ALE environment check needs ale-py")
+    cfg = load_config(path)
+    assert cfg.name == path.stem
+    assert set(config_to_dict(cfg)) == set(raw)  # every section is written out
+
+
+def test_an_empty_dict_gives_the_defaults():
+    assert load_config({}) == Config()
+    assert load_config(Config()) == Config()
+
+
+def test_string_overrides_parse_floats_ints_lists_and_null():
+    cfg = load_config({}, ["optim.lr=3e-4", "seed=7", "model.hidden_sizes=[128,128]",
+                           "vtrace.clip_rho_threshold=null", "learners.gamma=1", "env.kwargs.frameskip=1"])
+    assert cfg.optim.lr == 3e-4 and isinstance(cfg.optim.lr, float)
+    assert cfg.seed == 7 and cfg.model.hidden_sizes == [128, 128]
+    assert cfg.vtrace.clip_rho_threshold is None
+    assert cfg.learners.gamma == 1.0 and isinstance(cfg.learners.gamma, float)  # int accepted for float
+    assert cfg.env.kwargs == {"frameskip": 1}
+
+
+def test_mapping_overrides_set_values_as_given_without_touching_the_input():
+    data = {"optim": {"lr": 1e-3}}
+    out = apply_overrides(data, {"optim.lr": 3e-4, "actors.num": 4})
+    assert data == {"optim": {"lr": 1e-3}}
+    assert out == {"optim": {"lr": 3e-4}, "actors": {"num": 4}}
+    assert load_config(data, {"optim.lr": 3e-4}).optim.lr == 3e-4
+
+
+def test_malformed_override_is_reported():
+    assert any("expected dotted.key=value" in p for p in problems({}, ["optim.lr"]))
+    with pytest.raises(ConfigError, match="optim"):
+        apply_overrides({"optim": 5}, {"optim.lr": 1.0})
+
+
+@pytest.mark.parametrize("key, suggestion", [
+    ("optim.lrr", "optim.lr"), ("nmae", "name"), ("actors.unroll_lenght", "actors.unroll_length"),
+    ("optimm.lr", "optim"), ("env.frame_stak", "env.frame_stack")])
+def test_misspelled_key_anywhere_is_reported_with_a_suggestion(key, suggestion):
+    bad_key = key.split(".")[0] if key.startswith("optimm") else key
+    assert f"{bad_key}: unknown key; did you mean '{suggestion}'?" in problems({}, [f"{key}=1"])
+
+
+def test_several_problems_are_all_reported_in_one_error():
+    with pytest.raises(ConfigError) as info:
+        load_config({"optim": {"lrr": 1, "lr": -1}, "actors": {"mode": "proces"},
+                     "learners": {"gamma": 1.5, "batch_size": "32"}}, ["seed=x"])
+    found = info.value.problems
+    assert len(found) == 6
+    for key in ("optim.lrr", "optim.lr", "actors.mode", "learners.gamma", "learners.batch_size", "seed"):
+        assert any(p.startswith(f"{key}:") for p in found), key
+        assert key in str(info.value)
+    assert len(str(info.value).splitlines()) == 1 + len(found)  # a header, then one problem per line
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actors.mode=proces", "actors.mode: 'proces' is not allowed; use one of: process, thread"),
+    ("optim.name=sgd", "optim.name: 'sgd' is not allowed; use one of: rmsprop, adam"),
+    ("learners.device=tpu", "learners.device: 'tpu' is not allowed; use one of: cpu, cuda, cuda:N"),
+    ("learners.batch_size=true", "learners.batch_size: True has type bool; expected int"),
+    ("optim.lr=fast", "optim.lr: 'fast' has type str; expected float"),
+    ("vtrace.clip_rho_threshold=[1]", "vtrace.clip_rho_threshold: [1] has type list; expected float or null"),
+    ("env=3", "env: 3 has type int; expected a section"),
+    ("learners.gamma=1.5", "learners.gamma: 1.5 is out of range; allowed: 0 <= gamma <= 1"),
+    ("optim.lr=0", "optim.lr: 0 is out of range; allowed: lr > 0"),
+    ("actors.unroll_length=0", "actors.unroll_length: 0 is out of range; allowed: unroll_length >= 1"),
+    ("total_timesteps=0", "total_timesteps: 0 is out of range; allowed: total_timesteps >= 1"),
+    ("vtrace.clip_pg_rho_threshold=-1", "vtrace.clip_pg_rho_threshold: -1 is out of range; "
+                                        "allowed: clip_pg_rho_threshold > 0 or null"),
+    ("logging.interval_s=0", "logging.interval_s: 0 is out of range; allowed: interval_s > 0"),
+    ("checkpoint.interval_s=-1", "checkpoint.interval_s: -1 is out of range; allowed: interval_s >= 0"),
+    ("model.hidden_sizes=[64,0]", "model.hidden_sizes[1]: 0 is out of range; allowed: hidden_sizes >= 1"),
+    ("actors.queue_capacity=8", "actors.queue_capacity: 8 is smaller than learners.batch_size (32)"),
+])
+def test_enum_type_and_range_messages_name_the_field_the_value_and_what_is_allowed(override, message):
+    assert any(p.startswith(message) for p in problems({}, [override])), problems({}, [override])
+
+
+def test_zero_checkpoint_interval_is_allowed():
+    assert load_config({}, ["checkpoint.interval_s=0"]).checkpoint.interval_s == 0.0
+
+
+def test_unknown_env_id_names_the_id_and_a_suggestion():
+    (p,) = problems({"env": {"id": "CartPol-v1"}})
+    assert p.startswith("env.id: 'CartPol-v1' is not a registered gymnasium environment")
+    assert "'CartPole-v1'" in p
+
+
+def test_ale_id_without_ale_py_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ale_py", None)  # makes `import ale_py` fail
+    (p,) = problems({"env": {"id": "ALE/Pong-v5"}})
+    assert p.startswith("env.id: 'ALE/Pong-v5'") and "pip install ale-py" in p
+
+
+@pytest.mark.skipif(not HAS_ALE, reason="needs ale-py for the ALE environments")
+def test_atari_preprocessing_requires_frameskip_1_in_the_base_env():
+    (p,) = problems({"env": {"id": "ALE/Pong-v5", "atari": True}})  # ALE v5 defaults to frameskip 4
+    assert p.startswith("env.kwargs.frameskip: 4 is not allowed with env.atari true; use 1")
+    assert load_config({"env": {"id": "ALE/Pong-v5", "atari": True, "kwargs": {"frameskip": 1}}}).env.atari
+
+
+def test_cuda_device_without_cuda_is_reported():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    (p,) = problems({}, ["learners.device=cuda:0"])
+    assert "CUDA is not available" in p and "'cuda:0'" in p
+
+
+def test_missing_file_gives_config_error_naming_the_path(tmp_path):
+    path = tmp_path / "nope.yaml"
+    with pytest.raises(ConfigError, match="nope.yaml"):
+        load_config(path)
+
+
+def test_yaml_syntax_error_gives_config_error_with_file_and_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("seed: 1\nenv:\n  id: [CartPole\nname: x\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert f"{path}:4:" in str(info.value) and "YAML syntax error" in str(info.value)
+
+
+def test_save_then_load_round_trips(tmp_path):
+    cfg = load_config({}, ["optim.lr=3e-4", "vtrace.clip_rho_threshold=null", "env.kwargs={a: 1, b: [x]}",
+                           "model.cnn=true", "name=round-trip"])
+    path = tmp_path / "run" / "config.yaml"
+    save_config(cfg, path)
+    assert load_config(path) == cfg
+    assert [p.name for p in path.parent.iterdir()] == ["config.yaml"]  # no temp file left behind
+    save_config(Config(), path)  # overwrites in place
+    assert load_config(path) == Config()
+
+
+def test_config_table_has_one_row_per_leaf():
+    lines = config_table(Config()).splitlines()
+    assert lines[:2] == ["| key | value |", "|---|---|"]
+    keys = [line.split(" | ")[0].removeprefix("| ") for line in lines[2:]]
+    assert keys == list(field_help())
+    assert "| optim.betas | [0.9, 0.999] |" in lines and "| model.cnn | null |" in lines
+
+
+def test_field_help_covers_every_leaf_with_one_line():
+    def leaves(d, prefix=""):
+        for k, v in d.items():
+            if isinstance(v, dict) and k != "kwargs":
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield prefix + k
+    helps = field_help()
+    assert list(helps) == list(leaves(config_to_dict(Config())))
+    assert all(h and "\n" not in h for h in helps.values())
