@@ -21,6 +21,10 @@ _WAIT_SLICE_S = 0.05
 _WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
 
 
+# Bound once: these are on the per-item path.
+_push, _pop, _from_buffer = lib.rqpy_push, lib.rqpy_pop, ffi.from_buffer
+
+
 class Closed(getattr(queue, "ShutDown", Exception)):
     """The queue is closed: puts are refused, and gets find it closed and drained."""
 
@@ -130,8 +134,12 @@ class ArrayQueue:
         """Put one item, waiting for room if `block`. Raises `queue.Full` if there is no
         room (at once, or after `timeout` seconds), `Closed` if the queue is closed."""
         record = self._record(item)
-        _check_timeout(block, timeout)
-        if not self._move(lib.rq_push, record, 1, block, timeout):
+        if timeout is None:  # the common case, kept short: one C call when there is room
+            if _push(self._q, record, 1, _WAIT_SLICE_NS if block else 0) == 1:
+                return
+        else:
+            _check_timeout(block, timeout)
+        if not self._move(_push, record, 1, block, timeout):
             raise queue.Full
 
     def put_nowait(self, item) -> None:
@@ -141,9 +149,14 @@ class ArrayQueue:
         """Remove and return one item (a numpy scalar of the dtype, or an array for a
         subarray dtype). Raises `queue.Empty` if there is none (at once, or after
         `timeout` seconds), `Closed` once the queue is closed and drained."""
-        _check_timeout(block, timeout)
         out = np.empty(1, self._dtype)
-        if not self._move(lib.rq_pop, ffi.from_buffer(out), 1, block, timeout):
+        buffer = _from_buffer(out)
+        if timeout is None:  # the common case, kept short: one C call when there is one
+            if _pop(self._q, buffer, 1, _WAIT_SLICE_NS if block else 0) == 1:
+                return out[0]
+        else:
+            _check_timeout(block, timeout)
+        if not self._move(_pop, buffer, 1, block, timeout):
             raise queue.Empty
         return out[0]
 
@@ -169,7 +182,7 @@ class ArrayQueue:
         try:
             while done < n:
                 left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
-                moved = self._move(lib.rq_push, base + done * size, n - done, block, left)
+                moved = self._move(_push, base + done * size, n - done, block, left)
                 if moved == 0:
                     break  # block=False, or the timeout ran out
                 done += moved
@@ -195,7 +208,7 @@ class ArrayQueue:
             out = np.empty(max_items, self._dtype)
         else:
             self._check_out(out, max_items)
-        n = self._move(lib.rq_pop, ffi.from_buffer(out), max_items, block, timeout)
+        n = self._move(_pop, _from_buffer(out), max_items, block, timeout)
         if n == 0:
             raise queue.Empty
         return out[:n]
@@ -249,6 +262,8 @@ class ArrayQueue:
 
     def _record(self, item):
         """One item as a cffi buffer of exactly one record, or a clear error."""
+        if type(item) is np.void and item.dtype == self._dtype:  # a row of a record array
+            return _from_buffer(item)
         if isinstance(item, (np.ndarray, np.generic)):
             if item.dtype != self._base or item.shape != self._item_shape:
                 raise TypeError(
@@ -266,7 +281,7 @@ class ArrayQueue:
                 raise ValueError(
                     f"item has shape {item.shape}; this queue holds {self._describe()}"
                 )
-        return ffi.from_buffer(item)
+        return _from_buffer(item)
 
     def _records(self, items) -> np.ndarray:
         self._check_array(items, "put_many's items")
