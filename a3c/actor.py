@@ -1,0 +1,131 @@
+"""Actors: step a vector of environments with a recent copy of the policy and push
+rollout fragments into the queue.
+
+One queue item is one fragment: `unroll_length` (T) steps of one environment, with the
+observation after the last step for bootstrapping. Field by field, step t holds
+`obs[t]` (what the policy saw), `action[t]`, `reward[t]`, `terminated[t]`,
+`truncated[t]`, `logp[t]` (the behaviour policy's log-probability of the action, for
+V-trace), `version[t]` (the policy version that acted) and `trunc_value[t]` (the
+behaviour value of the final observation where `truncated[t]`, so that the learner can
+bootstrap a time limit without storing a second observation).
+"""
+from __future__ import annotations
+
+import signal
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from replay import ArrayQueue, Closed, Counters
+
+from .config import Config
+from .envs import make_vector_env
+
+__all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
+
+# One finished episode, for charts/episodic_return and charts/episode_length.
+EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
+
+
+def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int) -> np.dtype:
+    """The structured dtype of one fragment of T steps."""
+    action_shape = action_space.shape if isinstance(action_space, gym.spaces.Box) else ()
+    action_type = np.float32 if isinstance(action_space, gym.spaces.Box) else np.int64
+    obs_shape, obs_type = observation_space.shape, observation_space.dtype
+    return np.dtype([
+        ("obs", obs_type, (T, *obs_shape)),
+        ("last_obs", obs_type, obs_shape),
+        ("action", action_type, (T, *action_shape)),
+        ("reward", np.float32, (T,)),
+        ("logp", np.float32, (T,)),
+        ("trunc_value", np.float32, (T,)),
+        ("version", np.int64, (T,)),
+        ("terminated", np.bool_, (T,)),
+        ("truncated", np.bool_, (T,)),
+    ])
+
+
+def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
+              episodes: ArrayQueue, counters: Counters, in_process: bool) -> None:
+    """Act until the fragment queue is closed. `model` is the shared model: it is read
+    (copied into a local one) once per fragment and never written."""
+    if in_process:
+        # Ctrl-C reaches the whole process group; the trainer decides how to stop.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        torch.set_num_threads(1)
+    E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
+    envs = make_vector_env(cfg.env, E, seed=cfg.seed * 10_000 + actor_id * E)
+    try:
+        _act(envs, model, fragments, episodes, counters, cfg)
+    except Closed:
+        pass  # the trainer is stopping
+    finally:
+        envs.close()
+
+
+def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
+         counters: Counters, cfg: Config) -> None:
+    E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
+    local = _clone(shared)
+    buf = np.zeros(E, fragments.dtype)  # one fragment per environment
+    obs, _ = envs.reset()
+    ep_return, ep_length = np.zeros(E), np.zeros(E, np.int64)
+    low = high = None
+    if local.is_continuous:
+        low, high = envs.single_action_space.low, envs.single_action_space.high
+    while True:
+        local.load_state_dict(shared.state_dict())  # a recent policy, once per fragment
+        version = counters["policy_version"]
+        for t in range(T):
+            action, logp, _ = local.act(torch.from_numpy(np.asarray(obs)))
+            action = action.numpy()
+            buf["obs"][:, t] = obs
+            buf["action"][:, t] = action
+            buf["logp"][:, t] = logp.numpy()
+            buf["version"][:, t] = version
+            step_action = np.clip(action, low, high) if low is not None else action
+            obs, reward, terminated, truncated, info = envs.step(step_action)
+            buf["reward"][:, t] = reward
+            buf["terminated"][:, t] = terminated
+            buf["truncated"][:, t] = truncated & ~terminated
+            buf["trunc_value"][:, t] = _final_values(local, info, truncated & ~terminated)
+            ep_return += reward
+            ep_length += 1
+            done = terminated | truncated
+            if done.any():
+                steps = counters["env_steps"]
+                finished = np.zeros(int(done.sum()), EPISODE_DTYPE)
+                finished["ret"], finished["length"] = ep_return[done], ep_length[done]
+                finished["step"] = steps
+                try:
+                    episodes.put_many(finished, block=False)  # monitoring only: never wait
+                except Exception:  # full (nobody reading) or closed: drop, count
+                    counters.add("episodes_dropped", len(finished))
+                counters.add("episodes", len(finished))
+                ep_return[done], ep_length[done] = 0, 0
+        buf["last_obs"] = obs
+        fragments.put_many(buf)  # waits while the learners are behind
+        counters.add("env_steps", E * T)
+        counters.add("queue_puts", E)
+
+
+def _final_values(model, info: dict, truncated: np.ndarray) -> np.ndarray:
+    """The value of the final observation of each truncated episode, else 0."""
+    values = np.zeros(len(truncated), np.float32)
+    if truncated.any():
+        final = np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)])
+        _, _, v = model.act(torch.from_numpy(final))
+        values[truncated] = v.numpy()
+    return values
+
+
+def _clone(model: torch.nn.Module) -> torch.nn.Module:
+    """A private copy for acting, so reading weights never races a learner's update
+    in the middle of a forward pass."""
+    import copy
+
+    local = copy.deepcopy(model)
+    for p in local.parameters():
+        p.requires_grad_(False)
+    return local

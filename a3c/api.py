@@ -1,0 +1,117 @@
+"""The Python API, in the shape Stable-Baselines3 users know.
+
+    model = A3C("configs/cartpole.yaml", actors__num=4).learn(200_000)
+    action, _ = model.predict(obs, deterministic=True)
+    model.save("cartpole.pt"); model = A3C.load("cartpole.pt")
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from .checkpoint import load_checkpoint, save_checkpoint
+from .config import Config, config_to_dict, load_config, save_config
+from .envs import make_env
+from .metrics import Sink
+from .runner import Trainer, build_default_model, check_compatible
+
+__all__ = ["A3C", "evaluate", "new_run_dir"]
+
+
+def new_run_dir(cfg: Config) -> Path:
+    """runs/<name>-<YYYYmmdd-HHMMSS>, with a suffix if that exists already."""
+    base = Path(cfg.logging.run_root) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir, n = base, 1
+    while run_dir.exists():
+        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
+    return run_dir
+
+
+class A3C:
+    """An A3C/V-trace agent.
+
+    `config` is a path to a YAML file, a dict or a `Config`; keyword overrides use `__`
+    for the dots (`optim__lr=3e-4` sets `optim.lr`). `model` replaces the default
+    network with any `torch.nn.Module` that has the interface of `a3c.model.ActorCritic`.
+    """
+
+    def __init__(self, config: str | os.PathLike | dict | Config = "configs/cartpole.yaml",
+                 model: torch.nn.Module | None = None, **overrides):
+        self.config = load_config(config, {k.replace("__", "."): v for k, v in overrides.items()})
+        self.model = model if model is not None else build_default_model(self.config)
+        self._state: dict | None = None  # optimizer state and counters after learn()
+        self.run_dir: Path | None = None
+
+    @property
+    def num_timesteps(self) -> int:
+        return int(self._state["counters"]["env_steps"]) if self._state else 0
+
+    def learn(self, total_timesteps: int | None = None, run_dir: str | os.PathLike | None = None,
+              sink: Sink | None = None) -> A3C:
+        """Train for `total_timesteps` more env steps (default: the config's)."""
+        more = total_timesteps if total_timesteps is not None else self.config.total_timesteps
+        cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + int(more))
+        self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir / "config.yaml")
+        trainer = Trainer(cfg, self.run_dir, self.model, self._state, sink)
+        counters = trainer.train()
+        self._state = {"model": None, "optimizer": trainer.optimizer.state_dict(),
+                       "config": config_to_dict(cfg), "counters": counters}
+        self.recent_returns = list(trainer.monitor.recent_returns)
+        return self
+
+    def predict(self, obs, deterministic: bool = True):
+        """Action(s) for one observation or a batch; returns (action, None) as SB3 does."""
+        obs = np.asarray(obs)
+        space = self.model.observation_space if hasattr(self.model, "observation_space") else None
+        single = space is not None and obs.shape == space.shape
+        batch = torch.from_numpy(obs[None] if single else obs)
+        action, _, _ = self.model.act(batch, deterministic=deterministic)
+        action = action.numpy()
+        return (action[0] if single else action), None
+
+    def save(self, path: str | os.PathLike) -> None:
+        state = self._state or {"optimizer": {}, "counters": {}}
+        save_checkpoint(path, self.model.state_dict(), state["optimizer"],
+                        config_to_dict(self.config), state["counters"])
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None) -> A3C:
+        """Load a file written by `save`, or a run folder's checkpoint.pt."""
+        path = Path(path)
+        state = load_checkpoint(path / "checkpoint.pt" if path.is_dir() else path)
+        agent = cls(state["config"], model=model)
+        check_compatible(agent.config, state)
+        agent.model.load_state_dict(state["model"])
+        if state["optimizer"]:
+            agent._state = {**state, "model": None}
+        return agent
+
+
+def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
+             deterministic: bool = True) -> np.ndarray:
+    """Returns of `episodes` episodes played by the greedy (or sampled) policy."""
+    env = make_env(cfg.env)
+    returns = []
+    try:
+        for episode in range(episodes):
+            obs, _ = env.reset(seed=seed + episode)
+            total, done = 0.0, False
+            while not done:
+                action, _, _ = model.act(torch.from_numpy(np.asarray(obs)[None]), deterministic)
+                action = action.numpy()[0]
+                if model.is_continuous:
+                    action = np.clip(action, env.action_space.low, env.action_space.high)
+                obs, reward, terminated, truncated, _ = env.step(action)
+                total += float(reward)
+                done = terminated or truncated
+            returns.append(total)
+    finally:
+        env.close()
+    return np.asarray(returns)

@@ -1,0 +1,52 @@
+"""Checkpoints: explicit dicts of tensors and plain values, written atomically and read
+back with `weights_only=True` (no pickled objects, so loading runs no code)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["CheckpointError", "FORMAT", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+FORMAT = "a3c-checkpoint-1"
+_KEYS = {"format", "model", "optimizer", "config", "counters"}
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, corrupt, or from another config."""
+
+
+def save_checkpoint(path: str | os.PathLike, model_state: dict, optimizer_state: dict,
+                    config: dict, counters: dict) -> None:
+    """Write to a temporary file in the same folder, then rename: a crash never leaves
+    a half-written checkpoint under the real name."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    state = {"format": FORMAT, "model": model_state, "optimizer": optimizer_state,
+             "config": config, "counters": counters}
+    try:
+        torch.save(state, tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"no checkpoint at {path}; pass a run folder that holds checkpoint.pt")
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({type(error).__name__}: {str(error)[:200]}); "
+            "it may be truncated or corrupt: restore it or start a new run"
+        ) from None
+    if not isinstance(state, dict) or state.get("format") != FORMAT or not _KEYS <= set(state):
+        raise CheckpointError(f"{path} is not an a3c checkpoint (format {FORMAT} expected)")
+    return state
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / "checkpoint.pt"

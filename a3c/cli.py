@@ -1,0 +1,81 @@
+"""Command line: `a3c train CONFIG [key=value ...]`, `a3c train --resume RUN_DIR`,
+`a3c eval RUN_DIR --episodes N`."""
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
+from .config import ConfigError, load_config, save_config
+from .envs import EnvError
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="a3c", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    train = commands.add_parser("train", help="train from a config file, or resume a run")
+    train.add_argument("config", nargs="?", help="a YAML config, e.g. configs/cartpole.yaml")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 actors.num=4")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    evaluate = commands.add_parser("eval", help="play a trained run's greedy policy")
+    evaluate.add_argument("run_dir", help="a run folder (runs/<name>-<time>) or a checkpoint file")
+    evaluate.add_argument("--episodes", type=int, default=10)
+    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--stochastic", action="store_true", help="sample instead of the greedy action")
+    return parser
+
+
+def _train(args) -> None:
+    from .api import new_run_dir
+    from .runner import Trainer, build_default_model
+
+    if args.resume:
+        run_dir = Path(args.resume)
+        overrides = ([args.config] if args.config else []) + args.overrides
+        cfg = load_config(run_dir / "config.yaml", overrides)
+        state = load_checkpoint(latest_checkpoint(run_dir))
+    else:
+        if not args.config:
+            raise ConfigError(["a config file is needed: a3c train configs/cartpole.yaml"])
+        cfg = load_config(args.config, args.overrides)
+        run_dir, state = new_run_dir(cfg), None
+    model = build_default_model(cfg)  # environment errors surface here, before any worker
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, run_dir / "config.yaml")
+    print(f"run folder: {run_dir}  (tensorboard --logdir {run_dir.parent})", file=sys.stderr)
+    trainer = Trainer(cfg, run_dir, model, state)
+    try:
+        counters = trainer.train()
+    except KeyboardInterrupt:
+        print(f"\ninterrupted; checkpoint written to {latest_checkpoint(run_dir)}", file=sys.stderr)
+        raise SystemExit(130) from None
+    mean = trainer.monitor.mean_recent_return()
+    print(f"done: {counters['env_steps']} steps, {counters['updates']} updates, "
+          f"mean return of the last {len(trainer.monitor.recent_returns)} episodes {mean:.1f}")
+
+
+def _eval(args) -> None:
+    from .api import A3C, evaluate
+
+    agent = A3C.load(args.run_dir)
+    returns = evaluate(agent.model, agent.config, args.episodes, args.seed,
+                       deterministic=not args.stochastic)
+    print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f} "
+          f"(min {returns.min():.2f}, max {returns.max():.2f})")
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    # SIGTERM stops a run the way Ctrl-C does: workers stop, a checkpoint is written.
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        {"train": _train, "eval": _eval}[args.command](args)
+    except (ConfigError, CheckpointError, EnvError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,161 @@
+"""Metrics: a small facade over TensorBoard, and the monitor thread that feeds it.
+
+Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/.
+Tests swap TensorBoard for `MemorySink`.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from typing import Protocol
+
+import numpy as np
+
+from replay import ArrayQueue, Closed, Counters
+
+__all__ = ["MemorySink", "Monitor", "Sink", "TensorBoardSink"]
+
+
+class Sink(Protocol):
+    def scalar(self, tag: str, value: float, step: int) -> None: ...
+    def text(self, tag: str, text: str) -> None: ...
+    def flush(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorBoardSink:
+    def __init__(self, log_dir: str):
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(log_dir)
+
+    def scalar(self, tag: str, value: float, step: int) -> None:
+        self._writer.add_scalar(tag, value, step)
+
+    def text(self, tag: str, text: str) -> None:
+        self._writer.add_text(tag, text, 0)
+
+    def flush(self) -> None:
+        self._writer.flush()
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class MemorySink:
+    """Keeps every record in lists, for tests."""
+
+    def __init__(self):
+        self.scalars: dict[str, list[tuple[int, float]]] = {}
+        self.texts: dict[str, str] = {}
+
+    def scalar(self, tag, value, step):
+        self.scalars.setdefault(tag, []).append((step, float(value)))
+
+    def text(self, tag, text):
+        self.texts[tag] = text
+
+    def flush(self):
+        pass
+
+    def close(self):
+        pass
+
+
+class Monitor(threading.Thread):
+    """Writes the counters, episodes and learner statistics every `interval_s`, and
+    drives the progress bar. `recent_returns` holds the last 100 episode returns."""
+
+    def __init__(self, sink: Sink, counters: Counters, fragments: ArrayQueue,
+                 episodes: ArrayQueue, learner_stats: deque, interval_s: float,
+                 total_timesteps: int, progress: bool):
+        super().__init__(name="a3c-monitor", daemon=True)
+        self.sink, self.counters, self.fragments = sink, counters, fragments
+        self.episodes, self.learner_stats = episodes, learner_stats
+        self.interval_s = interval_s
+        self.recent_returns: deque[float] = deque(maxlen=100)
+        self._done = threading.Event()
+        self._bar = None
+        if progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_timesteps, unit="step", unit_scale=True,
+                             dynamic_ncols=True, smoothing=0.1)
+        self._last = (time.monotonic(), counters.snapshot())
+
+    def run(self) -> None:
+        next_write = time.monotonic() + self.interval_s
+        while not self._done.wait(0.5):
+            self.drain_episodes()
+            self._progress()
+            if time.monotonic() >= next_write:
+                self.write()
+                next_write += self.interval_s
+
+    def stop(self) -> None:
+        """Stop the thread and write the last values."""
+        self._done.set()
+        if self.is_alive():
+            self.join()
+        self.drain_episodes()
+        self.write()
+        if self._bar is not None:
+            self._progress()
+            self._bar.close()
+        self.sink.flush()
+
+    def drain_episodes(self) -> None:
+        while True:
+            try:
+                done = self.episodes.get_many(1024, block=False)
+            except (queue.Empty, Closed):
+                return
+            for ret, length, step in done.tolist():
+                self.sink.scalar("charts/episodic_return", ret, step)
+                self.sink.scalar("charts/episode_length", length, step)
+                self.recent_returns.append(ret)
+
+    def mean_recent_return(self) -> float:
+        return float(np.mean(self.recent_returns)) if self.recent_returns else float("nan")
+
+    def write(self) -> None:
+        now, counts = time.monotonic(), self.counters.snapshot()
+        then, before = self._last
+        dt = max(now - then, 1e-9)
+        step = counts["env_steps"]
+        scalar = self.sink.scalar
+        scalar("perf/sps", (step - before["env_steps"]) / dt, step)
+        scalar("perf/updates_per_s", (counts["updates"] - before["updates"]) / dt, step)
+        scalar("perf/updates", counts["updates"], step)
+        scalar("perf/episodes", counts["episodes"], step)
+        scalar("perf/actor_restarts", counts["actor_restarts"], step)
+        scalar("perf/nonfinite_losses", counts["nonfinite_losses"], step)
+        queue_stats = self.fragments.stats()
+        scalar("queue/depth", self.fragments.qsize(), step)
+        scalar("queue/puts", counts["queue_puts"], step)
+        scalar("queue/gets", counts["queue_gets"], step)
+        scalar("queue/full_waits", queue_stats["full_waits"], step)
+        scalar("queue/empty_waits", queue_stats["empty_waits"], step)
+        scalar("queue/skipped", queue_stats["skipped"], step)
+        scalar("queue/episodes_dropped", counts["episodes_dropped"], step)
+        stats = [self.learner_stats.popleft() for _ in range(len(self.learner_stats))]
+        if stats:
+            losses, lag_means, lag_maxes, lrs = zip(*stats)
+            scalar("losses/policy", np.mean([s.policy for s in losses]), step)
+            scalar("losses/value", np.mean([s.value for s in losses]), step)
+            scalar("losses/entropy", np.mean([s.entropy for s in losses]), step)
+            scalar("policy_lag/mean", np.mean(lag_means), step)
+            scalar("policy_lag/max", max(lag_maxes), step)
+            scalar("charts/learning_rate", lrs[-1], step)
+        self.sink.flush()
+        self._last = (now, counts)
+
+    def _progress(self) -> None:
+        if self._bar is None:
+            return
+        steps = self.counters["env_steps"]
+        self._bar.update(max(0, steps - self._bar.n))
+        self._bar.set_postfix(ret=f"{self.mean_recent_return():.1f}",
+                              updates=self.counters["updates"], refresh=False)

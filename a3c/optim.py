@@ -1,0 +1,93 @@
+"""Shared optimizers for Hogwild updates (A3C paper, Mnih et al. 2016, section 4 and
+"shared RMSProp" in its supplementary material).
+
+The statistics live in shared memory next to the parameters, so every learner reads and
+writes the same ones, without a lock. `step(grads)` takes each learner's gradients
+explicitly rather than through `param.grad`, so two learners stepping at once never mix
+each other's gradients; only the in-place updates of parameters and statistics
+interleave, which is what Hogwild tolerates.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer"]
+
+
+class SharedOptimizer:
+    """Base: holds the parameters, the learning rate and named shared state tensors."""
+
+    def __init__(self, params, lr: float, eps: float):
+        self.params: list[torch.Tensor] = [p for p in params if p.requires_grad]
+        self.lr = lr
+        self.eps = eps
+        self.state: dict[str, list[torch.Tensor]] = {}
+
+    def _shared_zeros(self, name: str, like: Sequence[torch.Tensor]) -> None:
+        self.state[name] = [torch.zeros_like(t).share_memory_() for t in like]
+
+    @torch.no_grad()
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        raise NotImplementedError
+
+    def state_dict(self) -> dict:
+        return {"lr": self.lr, **{k: [t.clone() for t in v] for k, v in self.state.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = set(self.state) - set(state)
+        if missing:
+            raise KeyError(f"optimizer state lacks {sorted(missing)}")
+        self.lr = float(state["lr"])
+        with torch.no_grad():
+            for name, tensors in self.state.items():
+                for mine, saved in zip(tensors, state[name], strict=True):
+                    mine.copy_(saved)
+
+
+class SharedRMSprop(SharedOptimizer):
+    """RMSprop with one shared running average of squared gradients (A3C's choice)."""
+
+    def __init__(self, params, lr: float, alpha: float = 0.99, eps: float = 1e-5):
+        super().__init__(params, lr, eps)
+        self.alpha = alpha
+        self._shared_zeros("square_avg", self.params)
+
+    @torch.no_grad()
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        for p, g, sq in zip(self.params, grads, self.state["square_avg"], strict=True):
+            sq.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
+            p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr)
+
+
+class SharedAdam(SharedOptimizer):
+    """Adam whose moments and step count are shared by all learners."""
+
+    def __init__(self, params, lr: float, betas=(0.9, 0.999), eps: float = 1e-5):
+        super().__init__(params, lr, eps)
+        self.betas = tuple(betas)
+        self._shared_zeros("exp_avg", self.params)
+        self._shared_zeros("exp_avg_sq", self.params)
+        self.state["step"] = [torch.zeros(1, dtype=torch.float64).share_memory_()]
+
+    @torch.no_grad()
+    def step(self, grads: Sequence[torch.Tensor]) -> None:
+        beta1, beta2 = self.betas
+        count = self.state["step"][0]
+        count.add_(1)  # shared: bias correction follows the total number of updates
+        t = float(count.item())
+        step_size = self.lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+        for p, g, m, v in zip(self.params, grads, self.state["exp_avg"], self.state["exp_avg_sq"],
+                              strict=True):
+            m.mul_(beta1).add_(g, alpha=1 - beta1)
+            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(m, v.sqrt().add_(self.eps), value=-step_size)
+
+
+def build_optimizer(params, cfg) -> SharedOptimizer:
+    """The optimizer named by an `OptimConfig`."""
+    if cfg.name == "adam":
+        return SharedAdam(params, cfg.lr, cfg.betas, cfg.eps)
+    return SharedRMSprop(params, cfg.lr, cfg.alpha, cfg.eps)

@@ -1,0 +1,197 @@
+"""The runner: wires actors, the queue, learners and the monitor, supervises them, and
+shuts everything down (also on Ctrl-C) leaving no process, thread or shared memory.
+
+    actors (processes or threads) --put_many--> ArrayQueue --get_many--> learner threads
+         |  read weights once per fragment                    |  Hogwild updates
+         +------------------ shared model <-------------------+
+    counters (shared memory) ---> monitor thread ---> TensorBoard, progress bar
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import torch
+
+from replay import ArrayQueue, Counters
+
+from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
+from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
+from .config import Config, config_table, config_to_dict
+from .envs import make_env
+from .learner import run_learner
+from .metrics import Monitor, Sink, TensorBoardSink
+from .model import build_model
+from .optim import build_optimizer
+
+__all__ = ["COUNTERS", "Trainer", "build_default_model"]
+
+COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
+            "queue_puts", "queue_gets", "actor_restarts", "nonfinite_losses")
+_EPISODE_QUEUE = 4096
+_JOIN_TIMEOUT_S = 10.0
+
+
+def build_default_model(cfg: Config) -> torch.nn.Module:
+    """The model the config describes, for the config's environment."""
+    env = make_env(cfg.env)
+    try:
+        return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
+                           cfg.model.activation, cfg.model.cnn)
+    finally:
+        env.close()
+
+
+def check_compatible(cfg: Config, state: dict) -> None:
+    """A checkpoint must come from the same environment and model as the config."""
+    saved = state["config"]
+    current = config_to_dict(cfg)
+    for section in ("env", "model"):
+        if saved.get(section) != current[section]:
+            raise CheckpointError(
+                f"the checkpoint was trained with {section} = {saved.get(section)} but the "
+                f"config has {section} = {current[section]}; use the run's own config.yaml"
+            )
+
+
+class Trainer:
+    """One training run. `state` is a checkpoint dict to continue from."""
+
+    def __init__(self, cfg: Config, run_dir: Path, model: torch.nn.Module | None = None,
+                 state: dict | None = None, sink: Sink | None = None):
+        self.cfg, self.run_dir = cfg, Path(run_dir)
+        self.model = model if model is not None else build_default_model(cfg)
+        self.model.share_memory()  # parameters in shared memory: actors read them in place
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.counters = Counters(COUNTERS)
+        if state is not None:
+            check_compatible(cfg, state)
+            self.model.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            for name, value in state["counters"].items():
+                if name in COUNTERS:
+                    self.counters.set(name, int(value))
+        self._sink = sink
+        self._actors: list = []
+        self._restarts = [0] * cfg.actors.num
+
+    # ---- the run ---------------------------------------------------------------------
+
+    def train(self) -> dict:
+        """Train until `total_timesteps` env steps; return the final counters."""
+        cfg = self.cfg
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
+        env = make_env(cfg.env)
+        dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length)
+        env.close()
+        self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
+        self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
+        sink = self._sink or TensorBoardSink(str(self.run_dir))
+        sink.text("config", config_table(cfg))
+        learner_stats: deque = deque(maxlen=10_000)
+        monitor = Monitor(sink, self.counters, self.fragments, self.episodes, learner_stats,
+                          cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress)
+        self.monitor = monitor
+        stop = threading.Event()
+        learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
+                                     args=(cfg, self.model, self.optimizer, self.fragments,
+                                           self.counters, learner_stats, stop))
+                    for i in range(cfg.learners.num)]
+        try:
+            self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+            for learner in learners:
+                learner.start()
+            monitor.start()
+            self._supervise(stop)
+        finally:
+            # Order matters: closing the queue wakes actors blocked in put (they exit) and
+            # learners blocked in get; the checkpoint is written once no learner updates.
+            stop.set()
+            self.fragments.close()
+            for learner in learners:
+                if learner.is_alive():
+                    learner.join()
+            self._stop_actors()
+            monitor.stop()
+            self.save(latest_checkpoint(self.run_dir))
+            self.episodes.close()
+            self.counters.close()
+            if self._sink is None:
+                sink.close()
+        return self.counters.snapshot()
+
+    def _supervise(self, stop: threading.Event) -> None:
+        cfg = self.cfg
+        next_checkpoint = time.monotonic() + cfg.checkpoint.interval_s
+        while self.counters["env_steps"] < cfg.total_timesteps:
+            time.sleep(0.05)
+            for i, actor in enumerate(self._actors):
+                if not actor.is_alive():
+                    self._restart_actor(i, actor)
+            if cfg.checkpoint.interval_s and time.monotonic() >= next_checkpoint:
+                self.save(latest_checkpoint(self.run_dir))
+                next_checkpoint += cfg.checkpoint.interval_s
+
+    # ---- actors ----------------------------------------------------------------------
+
+    def _start_actor(self, i: int):
+        cfg = self.cfg
+        # Seeds differ per actor and per restart, so a restarted actor does not replay
+        # the episodes of the one it replaces.
+        run_cfg = cfg if not self._restarts[i] else _with_seed(cfg, cfg.seed + 7919 * self._restarts[i])
+        args = (i, run_cfg, self.model, self.fragments, self.episodes, self.counters)
+        if cfg.actors.mode == "thread":
+            actor = threading.Thread(target=run_actor, args=(*args, False),
+                                     name=f"a3c-actor-{i}", daemon=True)
+        else:
+            actor = _context().Process(target=run_actor, args=(*args, True),
+                                       name=f"a3c-actor-{i}", daemon=True)
+        actor.start()
+        return actor
+
+    def _restart_actor(self, i: int, actor) -> None:
+        self._restarts[i] += 1
+        code = getattr(actor, "exitcode", None)
+        if self._restarts[i] > self.cfg.actors.max_restarts:
+            raise RuntimeError(
+                f"actor {i} died {self._restarts[i]} times (last exit code {code}); "
+                "see its error above, or raise actors.max_restarts"
+            )
+        if hasattr(actor, "join"):
+            actor.join()
+        self.counters.add("actor_restarts")
+        self._actors[i] = self._start_actor(i)
+
+    def _stop_actors(self) -> None:
+        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        for actor in self._actors:
+            actor.join(max(0.0, deadline - time.monotonic()))
+        for actor in self._actors:
+            if isinstance(actor, mp.process.BaseProcess) and actor.is_alive():
+                actor.kill()  # stuck in an environment step: nothing left to lose
+                actor.join()
+
+    # ---- checkpoints -----------------------------------------------------------------
+
+    def save(self, path: Path) -> None:
+        save_checkpoint(path, self.model.state_dict(), self.optimizer.state_dict(),
+                        config_to_dict(self.cfg), self.counters.snapshot())
+
+
+def _with_seed(cfg: Config, seed: int) -> Config:
+    import dataclasses
+
+    return dataclasses.replace(cfg, seed=seed)
+
+
+def _context():
+    """Actor processes come from a fork server: forked (fast) from a clean process that
+    has imported the actor code once, never from this one, whose learner threads make
+    fork unsafe."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["a3c.actor"])
+    return ctx
