@@ -15,7 +15,9 @@ ffibuilder.cdef(
     "\n".join(
         line
         for line in (HERE / "rq.h").read_text().splitlines()
-        if not line.startswith("#")
+        # rq_push/rq_pop may sleep, and the wrappers cffi generates keep the GIL (see
+        # GLUE below): Python reaches them only through rqpy_push/rqpy_pop.
+        if not line.startswith(("#", "int64_t rq_push(", "int64_t rq_pop("))
     )
     + """
     #define RQ_OK ...

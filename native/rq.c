@@ -187,7 +187,7 @@ static bool owner_alive(uint64_t owner) {
     char path[64], buf[256];
     snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno != ENOENT;
+    if (fd < 0) return true; /* no /proc view of it (another PID namespace): assume alive */
     ssize_t n = read(fd, buf, sizeof buf - 1);
     close(fd);
     if (n <= 0) return true;
@@ -217,7 +217,7 @@ static producer_t *register_producer(header_t *h) {
     producer_t *table = producers(h), *entry = NULL;
     /* An entry of ours from an evicted cache line, else a free one, else a dead one. */
     for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++)
-        if (atomic_load(&table[i].owner) == me) entry = &table[i];
+        if (atomic_load(&table[i].owner) == me && intent_resolved(h, &table[i])) entry = &table[i];
     for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++) {
         uint64_t owner = atomic_load(&table[i].owner);
         bool reusable = owner == 0 ||
@@ -245,7 +245,7 @@ static producer_t *register_producer(header_t *h) {
  * entry is alive; entries covering `pos` by a stale intent (a lost claim race) only make
  * us wait longer. The CAS fails if the owner did publish after all.
  */
-static void skip_if_owner_dead(header_t *h, uint64_t pos) {
+static bool skip_if_owner_dead(header_t *h, uint64_t pos) {
     producer_t *table = producers(h);
     bool dead_owner = false;
     for (int i = 0; i < RQ_MAX_PRODUCERS; i++) {
@@ -254,16 +254,18 @@ static void skip_if_owner_dead(header_t *h, uint64_t pos) {
         uint64_t start = atomic_load(&table[i].intent_start);
         uint64_t count = atomic_load(&table[i].intent_count);
         if (pos < start || pos >= start + count) continue;
-        if (owner_alive(owner)) return;
+        if (owner_alive(owner)) return false;
         dead_owner = true;
     }
-    if (!dead_owner) return;
+    if (!dead_owner) return false;
     uint64_t expected = 2 * pos;
     /* Release: a consumer that acquires the skipped stamp sees a consistent slot. */
-    if (atomic_compare_exchange_strong_explicit(&slot_at(h, pos)->stamp, &expected,
-                                                (2 * pos + 1) | SKIP_BIT,
-                                                memory_order_release, memory_order_relaxed))
-        atomic_fetch_add_explicit(&h->skipped, 1, memory_order_relaxed);
+    if (!atomic_compare_exchange_strong_explicit(&slot_at(h, pos)->stamp, &expected,
+                                                 (2 * pos + 1) | SKIP_BIT,
+                                                 memory_order_release, memory_order_relaxed))
+        return false;
+    atomic_fetch_add_explicit(&h->skipped, 1, memory_order_relaxed);
+    return true;
 }
 
 /* A consumer found the slot at `pos` claimed and unpublished. Checking liveness costs
@@ -279,7 +281,10 @@ static void watch_stuck(header_t *h, uint64_t pos) {
     int64_t since = atomic_load(&h->stuck_since_ns);
     if (now - since < STUCK_NS) return;
     if (!atomic_compare_exchange_strong(&h->stuck_since_ns, &since, now)) return; /* one checker */
-    skip_if_owner_dead(h, pos);
+    /* A dead producer's batch covers consecutive positions: skip all of them now, not
+     * one per check. Acquire on tail: see skip_if_owner_dead. */
+    uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT;
+    while (pos < tail && skip_if_owner_dead(h, pos)) pos++;
 }
 
 /* ---- the queue ---- */
@@ -350,6 +355,9 @@ static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64
         if (atomic_compare_exchange_weak_explicit(&h->tail, &tail, tail + k,
                                                   memory_order_release, memory_order_relaxed))
             break;
+        /* Lost the race: withdraw the intent, or it would cover the winner's positions
+         * and keep them from being skipped should the winner die. */
+        atomic_store_explicit(&me->intent_count, 0, memory_order_relaxed);
     }
     /* 6. Write each record, then publish it. Release: the record's bytes happen before a
      *    consumer's acquire load of the stamp. */
@@ -429,7 +437,8 @@ static void sleep_on(_Atomic uint32_t *waiters, _Atomic uint32_t *seq, uint32_t 
 }
 
 static int64_t deadline_of(int64_t timeout_ns) {
-    return timeout_ns < 0 ? -1 : now_ns() + timeout_ns;
+    int64_t now = now_ns();
+    return timeout_ns < 0 || timeout_ns > INT64_MAX - now ? -1 : now + timeout_ns;
 }
 
 static bool expired(int64_t deadline) { return deadline >= 0 && now_ns() >= deadline; }
@@ -470,8 +479,8 @@ int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
     for (int round = 0;; round++) {
         popped = try_pop(h, out, n, &consumed);
         if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+        if (popped == 0 && consumed) continue; /* only skipped records: look again */
         if (popped != 0 || timeout_ns == 0) break;
-        if (consumed) continue; /* only skipped records: look again */
         if (deadline == -2) deadline = deadline_of(timeout_ns);
         if (expired(deadline)) break;
         if (round < SPIN_ROUNDS) { cpu_relax(); continue; }
@@ -484,14 +493,10 @@ int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
             if (popped != 0) break;
             continue;
         }
-        /* A claimed-but-unpublished slot may never be published (its producer died):
-         * wake up in time to look at it again. */
-        int64_t nap_deadline = deadline;
-        if (atomic_load_explicit(&h->stuck_pos, memory_order_relaxed) ==
-            atomic_load_explicit(&h->head, memory_order_relaxed) + 1) {
-            int64_t nap = now_ns() + STUCK_NS;
-            if (nap_deadline < 0 || nap < nap_deadline) nap_deadline = nap;
-        }
+        /* A slot claimed after our re-check may never be published (its producer may
+         * die): never sleep so long that nobody looks at it again. */
+        int64_t nap_deadline = now_ns() + 2 * STUCK_NS;
+        if (deadline >= 0 && deadline < nap_deadline) nap_deadline = deadline;
         sleep_on(&h->pop_waiters, &h->pop_seq, value, nap_deadline);
         /* Back to the caller after one sleep, so that it can handle signals. */
         popped = try_pop(h, out, n, &consumed);
