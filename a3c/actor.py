@@ -21,6 +21,7 @@ from replay import ArrayQueue, Closed, Counters
 
 from .config import Config
 from .envs import make_vector_env
+from .model import copy_weights
 
 __all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
 
@@ -75,7 +76,7 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     if local.is_continuous:
         low, high = envs.single_action_space.low, envs.single_action_space.high
     while True:
-        local.load_state_dict(shared.state_dict())  # a recent policy, once per fragment
+        copy_weights(local, shared)  # a recent policy, once per fragment
         version = counters["policy_version"]
         for t in range(T):
             action, logp, _ = local.act(torch.from_numpy(np.asarray(obs)))

@@ -29,13 +29,14 @@ def _parser() -> argparse.ArgumentParser:
 
 def _train(args) -> None:
     from .api import new_run_dir
-    from .runner import Trainer, build_default_model
+    from .runner import Trainer, build_default_model, check_compatible
 
     if args.resume:
         run_dir = Path(args.resume)
         overrides = ([args.config] if args.config else []) + args.overrides
         cfg = load_config(run_dir / "config.yaml", overrides)
         state = load_checkpoint(latest_checkpoint(run_dir))
+        check_compatible(cfg, state)  # before config.yaml is rewritten below
     else:
         if not args.config:
             raise ConfigError(["a config file is needed: a3c train configs/cartpole.yaml"])

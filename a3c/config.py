@@ -109,6 +109,8 @@ class Config:
     name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
     seed: int = _f(1, "random seed", ge=0)
     total_timesteps: int = _f(500_000, "env steps to train for (summed over all envs)", ge=1)
+    target_return: float | None = _f(
+        None, "stop early once the mean return of the last 100 episodes reaches this (null: never)")
     env: EnvConfig = field(default_factory=EnvConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     actors: ActorsConfig = field(default_factory=ActorsConfig)

@@ -19,6 +19,7 @@ from replay import ArrayQueue, Closed, Counters
 
 from . import vtrace
 from .config import Config
+from .model import copy_weights
 from .optim import SharedOptimizer
 
 __all__ = ["Batch", "LossStats", "batch_from_fragments", "compute_loss", "run_learner"]
@@ -106,19 +107,18 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
     shared_params = [p for p in shared.parameters() if p.requires_grad]
     B = cfg.learners.batch_size
     out = np.empty(B, fragments.dtype)
+    n = 0  # fragments of the batch being filled; kept across timeouts
     while not stop.is_set():
         try:
-            n = 0
             while n < B:  # get_many returns 1..B; fill the whole batch
                 n += len(fragments.get_many(B - n, timeout=0.2, out=out[n:]))
         except queue.Empty:
             continue  # look at `stop` again; a partial batch is dropped only at shutdown
         except Closed:
             return
+        n = 0
         counters.add("queue_gets", B)
-        with torch.no_grad():
-            for mine, theirs in zip(local.parameters(), shared.parameters()):
-                mine.copy_(theirs)
+        copy_weights(local, shared)
         version = counters["policy_version"]
         batch = batch_from_fragments(out, device)
         loss, loss_stats = compute_loss(local, batch, cfg)

@@ -87,7 +87,7 @@ class Monitor(threading.Thread):
 
     def run(self) -> None:
         next_write = time.monotonic() + self.interval_s
-        while not self._done.wait(0.5):
+        while not self._done.wait(0.2):
             self.drain_episodes()
             self._progress()
             if time.monotonic() >= next_write:

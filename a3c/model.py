@@ -29,7 +29,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import Categorical, Distribution, Independent, Normal
 
-__all__ = ["ActorCritic", "build_model"]
+__all__ = ["ActorCritic", "build_model", "copy_weights"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -160,9 +160,10 @@ class ActorCritic(nn.Module):
 
     def dist(self, policy_params: torch.Tensor) -> Distribution:
         if not self.is_continuous:
-            return Categorical(logits=policy_params)
+            return Categorical(logits=policy_params, validate_args=False)
         # Independent sums log_prob and entropy over the action dimensions.
-        return Independent(Normal(policy_params, self.log_std.exp().expand_as(policy_params)), 1)
+        return Independent(Normal(policy_params, self.log_std.exp().expand_as(policy_params),
+                                  validate_args=False), 1, validate_args=False)
 
     @torch.no_grad()
     def act(
@@ -185,6 +186,16 @@ class ActorCritic(nn.Module):
         dist = self.dist(policy_params)
         actions = actions.float() if self.is_continuous else actions.long()
         return dist.log_prob(actions), dist.entropy(), value
+
+
+@torch.no_grad()
+def copy_weights(dst: nn.Module, src: nn.Module) -> None:
+    """Copy parameters and buffers of `src` into `dst` (same architecture), in place:
+    much cheaper than a state_dict round trip, which matters once per fragment."""
+    for mine, theirs in zip(dst.parameters(), src.parameters()):
+        mine.copy_(theirs)
+    for mine, theirs in zip(dst.buffers(), src.buffers()):
+        mine.copy_(theirs)
 
 
 def build_model(

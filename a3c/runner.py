@@ -69,7 +69,8 @@ class Trainer:
         self.counters = Counters(COUNTERS)
         if state is not None:
             check_compatible(cfg, state)
-            self.model.load_state_dict(state["model"])
+            if state["model"] is not None:  # None: `model` already holds the weights (A3C.learn)
+                self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             for name, value in state["counters"].items():
                 if name in COUNTERS:
@@ -106,7 +107,7 @@ class Trainer:
             for learner in learners:
                 learner.start()
             monitor.start()
-            self._supervise(stop)
+            self._supervise(stop, learners)
         finally:
             # Order matters: closing the queue wakes actors blocked in put (they exit) and
             # learners blocked in get; the checkpoint is written once no learner updates.
@@ -124,11 +125,14 @@ class Trainer:
                 sink.close()
         return self.counters.snapshot()
 
-    def _supervise(self, stop: threading.Event) -> None:
+    def _supervise(self, stop: threading.Event, learners: list[threading.Thread]) -> None:
         cfg = self.cfg
         next_checkpoint = time.monotonic() + cfg.checkpoint.interval_s
-        while self.counters["env_steps"] < cfg.total_timesteps:
+        while self.counters["env_steps"] < cfg.total_timesteps and not self._reached_target():
             time.sleep(0.05)
+            if not all(learner.is_alive() for learner in learners):
+                # Without learners the queue fills and the actors wait forever.
+                raise RuntimeError("a learner thread died; see its error above")
             for i, actor in enumerate(self._actors):
                 if not actor.is_alive():
                     self._restart_actor(i, actor)
@@ -137,6 +141,11 @@ class Trainer:
                 next_checkpoint += cfg.checkpoint.interval_s
 
     # ---- actors ----------------------------------------------------------------------
+
+    def _reached_target(self) -> bool:
+        returns = self.monitor.recent_returns
+        return (self.cfg.target_return is not None and len(returns) == returns.maxlen
+                and self.monitor.mean_recent_return() >= self.cfg.target_return)
 
     def _start_actor(self, i: int):
         cfg = self.cfg
