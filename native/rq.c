@@ -40,6 +40,17 @@
 #define CLOSED_BIT (1ull << 63)
 #define SKIP_BIT (1ull << 63)
 
+#ifdef RQ_TEST_HOOKS
+/* Test builds only (native/stress.c): called at these points of a push, so that a test
+ * can pause a producer thread or end it there and build the interleavings of the
+ * dead-producer policy. Normal builds compile the calls away. */
+enum { RQ_HOOK_CLAIMING, RQ_HOOK_WRITING };
+void rq_test_hook(int point, uint64_t pos);
+#define TEST_HOOK(point, pos) rq_test_hook(point, pos)
+#else
+#define TEST_HOOK(point, pos) ((void)0)
+#endif
+
 /* How long a claimed slot may stay unpublished before consumers ask whether its
  * producer is still alive (also the interval between two such checks). */
 #define STUCK_NS 20000000ll /* 20 ms */
@@ -350,6 +361,7 @@ static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64
          *    publishes these stores to whoever acquires tail; see skip_if_owner_dead). */
         atomic_store_explicit(&me->intent_start, tail, memory_order_relaxed);
         atomic_store_explicit(&me->intent_count, k, memory_order_relaxed);
+        TEST_HOOK(RQ_HOOK_CLAIMING, tail);
         /* 5. Claim positions [tail, tail + k). Release: see step 4. On failure `tail`
          *    is reloaded and we start over. */
         if (atomic_compare_exchange_weak_explicit(&h->tail, &tail, tail + k,
@@ -363,6 +375,7 @@ static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64
      *    consumer's acquire load of the stamp. */
     for (uint64_t i = 0; i < k; i++) {
         slot_t *s = slot_at(h, tail + i);
+        TEST_HOOK(RQ_HOOK_WRITING, tail + i);
         memcpy(record_of(s), records + i * h->record_size, h->record_size);
         atomic_store_explicit(&s->stamp, 2 * (tail + i) + 1, memory_order_release);
     }
