@@ -23,12 +23,12 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
     try:
         env = gym.make(cfg.id, render_mode=render_mode, **kwargs)
+        if cfg.atari:
+            # 84x84 grayscale, 4-frame skip with max-pooling, up to 30 no-ops at reset.
+            env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+            env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
     except Exception as error:  # gymnasium raises many kinds; name the env and the cause
         raise EnvError(f"env.id {cfg.id!r} with env.kwargs {cfg.kwargs}: {error}") from error
-    if cfg.atari:
-        # 84x84 grayscale, 4-frame skip with max-pooling, up to 30 no-ops at reset.
-        env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-        env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
     return env
 
 
