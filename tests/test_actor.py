@@ -1,0 +1,201 @@
+"""The actor: the alignment of obs, action, reward and episode ends in a fragment, against
+a deterministic environment whose observation encodes the step counter."""
+import collections
+import gc
+import glob
+import os
+import queue
+import threading
+import time
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from a3c.actor import EPISODE_DTYPE, fragment_dtype, run_actor
+from a3c.config import load_config
+from a3c.model import build_model
+from a3c.runner import COUNTERS
+from replay import ArrayQueue, Counters
+
+ENV_ID = "A3CTestCounter-v0"
+TERMINAL_STEP = 3  # odd episodes terminate after this many steps
+TIME_LIMIT = 4     # even episodes are truncated by the time limit
+E, T = 2, 5
+
+
+class CounterEnv(gym.Env):
+    """Observation [episode, step]: the reset count and the steps taken in the episode.
+    The reward equals the action. Odd episodes terminate after TERMINAL_STEP steps; even
+    ones run until the time limit (TIME_LIMIT) truncates them."""
+
+    observation_space = spaces.Box(0.0, 1e6, (2,), np.float32)
+    action_space = spaces.Discrete(3)
+
+    def __init__(self, render_mode=None):
+        self.render_mode = render_mode
+        self.episode, self.step_count = -1, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.episode, self.step_count = self.episode + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.step_count += 1
+        terminated = self.episode % 2 == 1 and self.step_count == TERMINAL_STEP
+        return self._obs(), float(action), terminated, False, {}
+
+    def _obs(self):
+        return np.array([self.episode, self.step_count], np.float32)
+
+
+if ENV_ID not in gym.envs.registry:
+    gym.register(ENV_ID, entry_point=CounterEnv, max_episode_steps=TIME_LIMIT)
+
+
+def _own_segments():
+    return set(glob.glob(f"/dev/shm/rq-{os.getpid()}-*"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_shared_memory():
+    before = _own_segments()
+    yield
+    gc.collect()
+    assert _own_segments() <= before
+
+
+class ActorRun:
+    """One actor thread (run_actor, as in actors.mode=thread) feeding a queue the test reads."""
+
+    def __init__(self, queue_capacity=16, version=7):
+        torch.manual_seed(0)
+        self.cfg = load_config({
+            "env": {"id": ENV_ID},
+            "actors": {"num": 1, "envs_per_actor": E, "unroll_length": T, "queue_capacity": queue_capacity},
+            "learners": {"batch_size": min(queue_capacity, 4)},
+        })
+        self.model = build_model(CounterEnv.observation_space, CounterEnv.action_space)
+        self.model.share_memory()
+        self.fragments = ArrayQueue(queue_capacity,
+                                    fragment_dtype(CounterEnv.observation_space, CounterEnv.action_space, T))
+        self.episodes = ArrayQueue(256, EPISODE_DTYPE)
+        self.counters = Counters(COUNTERS)
+        self.counters.set("policy_version", version)
+        self.thread = threading.Thread(target=run_actor, args=(0, self.cfg, self.model, self.fragments,
+                                                               self.episodes, self.counters, False))
+        self.thread.start()
+
+    def pop(self, n, timeout=20.0):
+        out, deadline = [], time.monotonic() + timeout
+        while len(out) < n:
+            try:
+                out.append(self.fragments.get(timeout=0.1))
+            except queue.Empty:
+                assert self.thread.is_alive(), "the actor stopped (see its exception above)"
+                assert time.monotonic() < deadline, f"only {len(out)} of {n} fragments came"
+        return np.array(out, self.fragments.dtype)
+
+    def close(self):
+        self.fragments.close()  # the actor's next put raises Closed, and it returns
+        self.thread.join(20)
+        alive = self.thread.is_alive()
+        self.episodes.close()
+        self.counters.close()
+        assert not alive, "the actor did not stop when its queue closed"
+
+
+@pytest.fixture
+def actor_run():
+    made = []
+    yield lambda **kw: made.append(ActorRun(**kw)) or made[-1]
+    for run in made:
+        run.close()
+
+
+def _value(model, obs):
+    with torch.no_grad():
+        return model(torch.as_tensor(np.asarray(obs, np.float32))[None])[1].item()
+
+
+def _logp(model, obs, action):
+    with torch.no_grad():
+        params, _ = model(torch.as_tensor(np.asarray(obs, np.float32))[None])
+        return model.dist(params).log_prob(torch.tensor([action])).item()
+
+
+def test_fragment_aligns_obs_action_reward_and_episode_ends(actor_run):
+    run = actor_run()
+    unrolls = 6
+    frags = run.pop(E * unrolls)  # one put per unroll: env 0's fragment, then env 1's
+    saw = collections.Counter()
+    for k, frag in enumerate(frags):
+        assert (frag["version"] == 7).all()
+        for t in range(T):
+            episode, step = frag["obs"][t]
+            action = int(frag["action"][t])
+            assert frag["reward"][t] == action  # the reward of the action taken at t
+            assert frag["logp"][t] == pytest.approx(_logp(run.model, frag["obs"][t], action), abs=1e-5)
+            terminated = episode % 2 == 1 and step + 1 == TERMINAL_STEP
+            truncated = episode % 2 == 0 and step + 1 == TIME_LIMIT
+            assert frag["terminated"][t] == terminated, (k, t)
+            assert frag["truncated"][t] == truncated, (k, t)
+            saw["terminated"] += terminated
+            saw["truncated"] += truncated
+            # The observation after step t: the next in the episode, or the next
+            # episode's first once this one has ended.
+            following = frag["obs"][t + 1] if t + 1 < T else frag["last_obs"]
+            expected = [episode + 1, 0] if terminated or truncated else [episode, step + 1]
+            np.testing.assert_array_equal(following, expected, err_msg=f"fragment {k}, step {t}")
+            if truncated:  # the behaviour value of the final observation, which the fragment lacks
+                final = [episode, TIME_LIMIT]
+                assert frag["trunc_value"][t] == pytest.approx(_value(run.model, final), abs=1e-5)
+                assert frag["trunc_value"][t] != 0
+            else:
+                assert frag["trunc_value"][t] == 0
+        if k >= E:  # each environment's fragments continue where its previous one stopped
+            np.testing.assert_array_equal(frag["obs"][0], frags[k - E]["last_obs"])
+    assert saw["terminated"] > 0 and saw["truncated"] > 0
+    # The first fragments start at the first step of an episode.
+    assert all(frags[e]["obs"][0][1] == 0 for e in range(E))
+
+
+def test_finished_episodes_report_the_return_and_length_of_the_fragments(actor_run):
+    run = actor_run()
+    frags = run.pop(E * 6)
+    from_fragments = collections.Counter()
+    for e in range(E):
+        steps = np.concatenate([f["reward"] for f in frags[e::E]]), \
+            np.concatenate([f["terminated"] | f["truncated"] for f in frags[e::E]])
+        ret, length = 0.0, 0
+        for reward, done in zip(*steps):
+            ret, length = ret + reward, length + 1
+            if done:
+                from_fragments[(ret, length)] += 1
+                ret, length = 0.0, 0
+    reported = collections.Counter()
+    while sum(reported.values()) < sum(from_fragments.values()):
+        for ret, length, _ in run.episodes.get_many(256, timeout=20).tolist():
+            assert length in (TERMINAL_STEP, TIME_LIMIT)
+            reported[(ret, length)] += 1
+    assert from_fragments and not (from_fragments - reported)
+    assert run.counters["episodes"] >= sum(from_fragments.values())
+    assert run.counters["env_steps"] >= E * T * 5  # counted after each put
+
+
+def test_fragment_version_is_the_policy_version_when_the_fragment_began(actor_run):
+    """With room for one unroll in the queue the actor waits for the test, so a new
+    version shows up within one unroll of being set."""
+    run = actor_run(queue_capacity=E, version=7)
+    first = run.pop(2 * E)
+    run.counters.set("policy_version", 9)
+    later = run.pop(4 * E)
+    versions = [int(f["version"][0]) for f in np.concatenate([first, later])]
+    for f in np.concatenate([first, later]):
+        assert (f["version"] == f["version"][0]).all()  # one version per fragment
+    assert versions[:2 * E] == [7] * (2 * E)
+    assert versions == sorted(versions)
+    assert versions[-2 * E:] == [9] * (2 * E)

@@ -1,0 +1,127 @@
+"""The Python API: A3C(config, **overrides).learn / predict / save / load."""
+import gc
+import glob
+import os
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+from a3c import A3C
+from a3c.checkpoint import CheckpointError
+from a3c.metrics import MemorySink
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "cartpole.yaml"
+TINY = dict(actors__mode="thread", actors__num=1, actors__envs_per_actor=2, actors__unroll_length=5,
+            learners__batch_size=4, actors__queue_capacity=16, logging__progress=False,
+            logging__interval_s=0.5, checkpoint__interval_s=0)
+
+
+def _own_segments():
+    return set(glob.glob(f"/dev/shm/rq-{os.getpid()}-*"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_shared_memory():
+    before = _own_segments()
+    yield
+    gc.collect()
+    assert _own_segments() <= before
+
+
+@pytest.fixture(scope="module")
+def agent(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    agent = A3C(str(CONFIG), logging__run_root=str(root), **TINY)
+    assert agent.learn(1000, sink=MemorySink()) is agent
+    return agent
+
+
+@pytest.fixture
+def observations():
+    env = gym.make("CartPole-v1")
+    obs, _ = env.reset(seed=0)
+    batch = [obs]
+    for _ in range(7):
+        obs, *_ = env.step(env.action_space.sample())
+        batch.append(obs)
+    env.close()
+    return np.stack(batch)
+
+
+def test_overrides_use_double_underscores_for_dots(tmp_path):
+    agent = A3C({"env": {"id": "CartPole-v1"}}, actors__num=3, optim__lr=3e-4,
+                logging__run_root=str(tmp_path))
+    assert agent.config.actors.num == 3 and agent.config.optim.lr == 3e-4
+    assert agent.config.logging.run_root == str(tmp_path)
+    assert A3C(CONFIG, seed=5).config.seed == 5  # a path works as well as a dict
+
+
+def test_learn_returns_self_and_writes_its_run_folder_under_run_root(agent):
+    assert agent.num_timesteps >= 1000
+    assert agent.run_dir.parent == Path(agent.config.logging.run_root)
+    assert (agent.run_dir / "config.yaml").is_file() and (agent.run_dir / "checkpoint.pt").is_file()
+
+
+def test_learn_again_continues_from_the_last_counters(tmp_path):
+    agent = A3C(CONFIG, logging__run_root=str(tmp_path), **TINY)
+    agent.learn(500, sink=MemorySink())
+    first = agent.num_timesteps
+    weights = {k: v.clone() for k, v in agent.model.state_dict().items()}
+    sink = MemorySink()
+    assert agent.learn(500, sink=sink) is agent
+    assert agent.num_timesteps >= first + 500
+    assert agent._state["counters"]["updates"] > 0
+    assert any(not torch.equal(v, agent.model.state_dict()[k]) for k, v in weights.items())
+    assert min(step for step, _ in sink.scalars["perf/sps"]) >= first  # steps continue, not restart
+
+
+def test_predict_one_observation_and_a_batch(agent, observations):
+    action, state = agent.predict(observations[0])
+    assert state is None
+    assert np.ndim(action) == 0 and int(action) in (0, 1)
+    actions, _ = agent.predict(observations)
+    assert actions.shape == (len(observations),) and set(actions.tolist()) <= {0, 1}
+    assert actions[0] == action  # deterministic by default
+    sampled, _ = agent.predict(observations, deterministic=False)
+    assert sampled.shape == actions.shape
+
+
+def test_save_and_load_give_identical_predictions(agent, observations, tmp_path):
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    loaded = A3C.load(path)
+    assert loaded.config == agent.config
+    np.testing.assert_array_equal(loaded.predict(observations)[0], agent.predict(observations)[0])
+    for name, tensor in agent.model.state_dict().items():
+        assert torch.equal(loaded.model.state_dict()[name], tensor), name
+    assert loaded.num_timesteps == agent.num_timesteps
+    # A run folder loads from its checkpoint.pt too.
+    from_run = A3C.load(agent.run_dir)
+    np.testing.assert_array_equal(from_run.predict(observations)[0], agent.predict(observations)[0])
+
+
+def test_a_loaded_agent_continues_learning_from_its_counters(agent, tmp_path):
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    loaded = A3C.load(path)
+    before = loaded.num_timesteps
+    assert loaded.learn(500, run_dir=tmp_path / "more", sink=MemorySink()) is loaded
+    assert loaded.num_timesteps >= before + 500
+    assert (tmp_path / "more" / "checkpoint.pt").is_file()
+
+
+def test_loading_a_file_that_is_not_a_checkpoint_raises_checkpoint_error(tmp_path):
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"this is not a checkpoint\n" * 20)
+    with pytest.raises(CheckpointError, match=r"garbage\.pt is not a readable checkpoint .*corrupt"):
+        A3C.load(garbage)
+    other = tmp_path / "other.pt"
+    torch.save({"weights": torch.zeros(3)}, other)
+    with pytest.raises(CheckpointError, match=r"other\.pt is not an a3c checkpoint"):
+        A3C.load(other)
+    with pytest.raises(CheckpointError, match="no checkpoint at"):
+        A3C.load(tmp_path / "missing.pt")

@@ -1,0 +1,390 @@
+"""The learner: the V-trace loss on hand-made batches, batching of fragments, the shared
+optimizers, and the learner loop's handling of partial batches and non-finite losses."""
+import gc
+import glob
+import math
+import os
+import threading
+import time
+from collections import deque
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as tmp
+import torch.nn as nn
+from gymnasium import spaces
+from torch.distributions import Categorical
+
+from a3c.actor import fragment_dtype
+from a3c.config import load_config
+from a3c.learner import Batch, batch_from_fragments, compute_loss, run_learner
+from a3c.optim import SharedAdam, SharedRMSprop
+from a3c.runner import COUNTERS
+from replay import ArrayQueue, Counters
+
+OBS_SPACE = spaces.Box(-np.inf, np.inf, (1,), np.float32)
+ACTION_SPACE = spaces.Discrete(2)
+
+# The fixed policy of FixedModel: probabilities 1/4 and 3/4.
+P = (0.25, 0.75)
+LOGP = tuple(math.log(p) for p in P)
+ENTROPY = -sum(p * math.log(p) for p in P)
+
+
+class FixedModel(nn.Module):
+    """A model whose outputs the test controls: the policy is fixed by `logits`
+    (probabilities P), and the value of an observation is its first component times
+    `scale` (1.0). `nan` adds NaN to every value, to produce a non-finite loss."""
+
+    is_continuous = False
+    action_shape = ()
+    action_dtype = np.int64
+
+    def __init__(self, nan: bool = False):
+        super().__init__()
+        self.logits = nn.Parameter(torch.tensor([0.0, math.log(3.0)]))
+        self.scale = nn.Parameter(torch.tensor(1.0))
+        self.nan = nan
+
+    def forward(self, obs):
+        obs = obs.float().reshape(len(obs), -1)
+        value = obs[:, 0] * self.scale
+        if self.nan:
+            value = value + float("nan")
+        return self.logits.expand(len(obs), -1), value
+
+    def dist(self, params):
+        return Categorical(logits=params)
+
+    @torch.no_grad()
+    def act(self, obs, deterministic=False):
+        params, value = self(obs)
+        dist = self.dist(params)
+        action = params.argmax(-1) if deterministic else dist.sample()
+        return action, dist.log_prob(action), value
+
+    def evaluate(self, obs, actions):
+        params, value = self(obs)
+        dist = self.dist(params)
+        return dist.log_prob(actions.long()), dist.entropy(), value
+
+
+def _own_segments():
+    return set(glob.glob(f"/dev/shm/rq-{os.getpid()}-*"))
+
+
+@pytest.fixture(autouse=True)
+def leaves_no_shared_memory():
+    before = _own_segments()
+    yield
+    gc.collect()
+    assert _own_segments() <= before
+
+
+def config(**learners):
+    return load_config({"learners": {"gamma": 0.9, "vf_coef": 0.5, "ent_coef": 0.01, "batch_size": 4,
+                                     **learners},
+                        "actors": {"queue_capacity": 16}})
+
+
+def fragments(T, B):
+    return np.zeros(B, fragment_dtype(OBS_SPACE, ACTION_SPACE, T))
+
+
+def hand_batch(values, rewards, actions, bootstrap, terminated=None, truncated=None,
+               trunc_value=None, behaviour_logp=None):
+    """A batch from per-column lists [B][T]; the observation is the value V(x_t)."""
+    B, T = len(values), len(values[0])
+    f = fragments(T, B)
+    f["obs"][..., 0] = values
+    f["last_obs"][:, 0] = bootstrap
+    f["reward"] = rewards
+    f["action"] = actions
+    f["logp"] = behaviour_logp if behaviour_logp is not None else np.asarray(LOGP)[np.asarray(actions)]
+    if terminated is not None:
+        f["terminated"] = terminated
+    if truncated is not None:
+        f["truncated"] = truncated
+    if trunc_value is not None:
+        f["trunc_value"] = trunc_value
+    return batch_from_fragments(f)
+
+
+# ------------------------------------------------------------------------------ compute_loss
+def test_on_policy_loss_is_the_n_step_actor_critic_loss_with_cut_and_bootstrapped_episode_ends():
+    """On-policy (behaviour log-probabilities equal the model's), V-trace reduces to n-step
+    returns. Column 0 runs through, column 1 terminates at t=1 (no bootstrap), column 2 is
+    truncated at t=1 and bootstraps from trunc_value = 10."""
+    g = 0.9
+    V = [0.5, 0.25, 0.125]  # V(x_0..x_2), the same in every column
+    r = [1.0, 2.0, 3.0]
+    boot = 4.0  # V(x_3)
+    actions = [[0, 1, 1], [1, 0, 1], [1, 1, 0]]
+    batch = hand_batch([V] * 3, [r] * 3, actions, [boot] * 3,
+                       terminated=[[0, 0, 0], [0, 1, 0], [0, 0, 0]],
+                       truncated=[[0, 0, 0], [0, 0, 0], [0, 1, 0]],
+                       trunc_value=[[0, 0, 0], [0, 0, 0], [0, 10.0, 0]])
+    # The returns, by hand, backwards from x_3:
+    G2 = 3 + g * 4                                  # every column: bootstrap from V(x_3)
+    run_through = [1 + g * (2 + g * G2), 2 + g * G2, G2]
+    terminated = [1 + g * 2, 2, G2]                 # t=1 ends the episode: G1 = r1
+    truncated = [1 + g * (2 + g * 10), 2 + g * 10, G2]  # t=1 bootstraps from trunc_value
+    G = np.array([run_through, terminated, truncated])  # [B, T]
+    adv = G - np.array([V] * 3)
+    logp = np.asarray(LOGP)[np.asarray(actions)]
+    policy = -np.mean(logp * adv)
+    value = 0.5 * np.mean(adv ** 2)
+    expected = policy + 0.5 * value - 0.01 * ENTROPY
+
+    model = FixedModel()
+    loss, stats = compute_loss(model, batch, config(gamma=g))
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    assert stats.policy == pytest.approx(policy, rel=1e-5)
+    assert stats.value == pytest.approx(value, rel=1e-5)
+    assert stats.entropy == pytest.approx(ENTROPY, rel=1e-5)
+
+    # The targets carry no gradient: d loss / d scale comes from the value loss alone,
+    # vf_coef * mean((G - V) * -obs), with obs = V since scale = 1.
+    loss.backward()
+    assert model.scale.grad.item() == pytest.approx(0.5 * np.mean(-adv * np.array([V] * 3)), rel=1e-5)
+
+
+def test_loss_does_not_depend_on_the_bootstrap_value_after_a_terminal_last_step():
+    model = FixedModel()
+    common = dict(values=[[0.5, 0.5]], rewards=[[1.0, 1.0]], actions=[[0, 1]], terminated=[[0, 1]])
+    low = compute_loss(model, hand_batch(bootstrap=[0.0], **common), config())[0]
+    high = compute_loss(model, hand_batch(bootstrap=[1e6], **common), config())[0]
+    assert low.item() == pytest.approx(high.item(), rel=1e-6)
+    assert low.item() == pytest.approx(  # G = [1 + 0.9, 1], V = 0.5
+        -np.mean(np.array(LOGP) * np.array([1.9 - 0.5, 0.5]))
+        + 0.5 * 0.5 * np.mean(np.array([1.4, 0.5]) ** 2) - 0.01 * ENTROPY, rel=1e-5)
+
+
+@pytest.mark.parametrize("clip", [1.0, None], ids=["clipped", "unclipped"])
+def test_off_policy_loss_weights_by_clipped_importance_ratios(clip):
+    """One step; the behaviour policy gave probability 0.5 to each action, so rho is
+    0.75 / 0.5 = 1.5 for action 1 (clipped to 1.0 if asked) and 0.25 / 0.5 = 0.5 for 0."""
+    g, V, r, boot = 0.9, 0.5, 1.0, 4.0
+    batch = hand_batch([[V], [V]], [[r], [r]], [[1], [0]], [boot, boot],
+                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
+    cfg = config(gamma=g)
+    cfg.vtrace.clip_rho_threshold = cfg.vtrace.clip_pg_rho_threshold = clip
+    delta = r + g * boot - V
+    rho = np.array([1.5 if clip is None else 1.0, 0.5])
+    vs = V + rho * delta
+    adv = rho * delta
+    expected = (-np.mean(np.array([LOGP[1], LOGP[0]]) * adv) + 0.5 * 0.5 * np.mean((vs - V) ** 2)
+                - 0.01 * ENTROPY)
+    loss, _ = compute_loss(FixedModel(), batch, cfg)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+# ------------------------------------------------------------------------ batch_from_fragments
+def test_batch_from_fragments_is_time_major_and_aligned_with_the_fragments():
+    T, B = 5, 3
+    obs_space = spaces.Box(-np.inf, np.inf, (2, 3), np.float32)
+    f = np.zeros(B, fragment_dtype(obs_space, ACTION_SPACE, T))
+    rng = np.random.default_rng(0)
+    for name in ("obs", "last_obs", "reward", "logp", "trunc_value"):
+        f[name] = rng.normal(size=f[name].shape)
+    f["action"] = rng.integers(0, 2, f["action"].shape)
+    f["version"] = rng.integers(0, 100, f["version"].shape)
+    f["terminated"] = rng.random(f["terminated"].shape) < 0.3
+    f["truncated"] = rng.random(f["truncated"].shape) < 0.3
+
+    batch = batch_from_fragments(f)
+    assert isinstance(batch, Batch)
+    assert batch.obs.shape == (T, B, 2, 3)
+    assert batch.bootstrap_obs.shape == (B, 2, 3)
+    for name in ("action", "reward", "logp", "terminated", "truncated", "trunc_value", "version"):
+        tensor = getattr(batch, name)
+        assert tensor.shape == (T, B), name
+        assert tensor.dtype == torch.from_numpy(f[name].copy()).dtype, name
+    for t in range(T):
+        for b in range(B):
+            for name in ("obs", "action", "reward", "logp", "terminated", "truncated", "trunc_value",
+                         "version"):
+                np.testing.assert_array_equal(getattr(batch, name)[t, b].numpy(), f[name][b][t], name)
+    np.testing.assert_array_equal(batch.bootstrap_obs.numpy(), f["last_obs"])
+
+
+# ---------------------------------------------------------------------------- shared optimizers
+def _shared_param(n=3):
+    return nn.Parameter(torch.zeros(n)).share_memory_()
+
+
+def _in_thread(fn, *args):
+    thread = threading.Thread(target=fn, args=args)
+    thread.start()
+    thread.join()
+
+
+G1, G2 = torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0, 5.0, 6.0])
+
+
+def test_rmsprop_square_avg_is_shared_by_steps_from_two_threads():
+    param = _shared_param()
+    opt = SharedRMSprop([param], lr=0.1, alpha=0.9, eps=1e-5)
+    assert all(t.is_shared() for t in opt.state["square_avg"])
+    _in_thread(opt.step, [G1])
+    _in_thread(opt.step, [G2])
+    expected = 0.9 * 0.1 * G1 ** 2 + 0.1 * G2 ** 2
+    torch.testing.assert_close(opt.state["square_avg"][0], expected)
+    assert (param < 0).all()  # both steps moved the parameter against positive gradients
+
+
+def test_adam_moments_and_step_count_are_shared_by_steps_from_two_threads():
+    param = _shared_param()
+    opt = SharedAdam([param], lr=0.1, betas=(0.9, 0.99), eps=1e-5)
+    assert all(t.is_shared() for ts in opt.state.values() for t in ts)
+    _in_thread(opt.step, [G1])
+    _in_thread(opt.step, [G2])
+    assert opt.state["step"][0].item() == 2
+    torch.testing.assert_close(opt.state["exp_avg"][0], 0.9 * 0.1 * G1 + 0.1 * G2)
+    torch.testing.assert_close(opt.state["exp_avg_sq"][0], 0.99 * 0.01 * G1 ** 2 + 0.01 * G2 ** 2)
+
+
+def _step_in_child(opt, grad):
+    opt.step([grad])
+
+
+def test_optimizer_statistics_and_parameters_are_shared_with_a_child_process():
+    param = _shared_param()
+    rms = SharedRMSprop([param], lr=0.1, alpha=0.9)
+    other = _shared_param()
+    adam = SharedAdam([other], lr=0.1, betas=(0.9, 0.99))
+    ctx = tmp.get_context("spawn")
+    for opt in (rms, adam):
+        child = ctx.Process(target=_step_in_child, args=(opt, G1))
+        child.start()
+        child.join(60)
+        assert child.exitcode == 0
+        opt.step([G2])  # the parent's step builds on the child's
+    torch.testing.assert_close(rms.state["square_avg"][0], 0.9 * 0.1 * G1 ** 2 + 0.1 * G2 ** 2)
+    assert (param < 0).all()
+    assert adam.state["step"][0].item() == 2
+    torch.testing.assert_close(adam.state["exp_avg"][0], 0.9 * 0.1 * G1 + 0.1 * G2)
+
+
+# --------------------------------------------------------------------------------- run_learner
+class LearnerHarness:
+    """run_learner threads on a FixedModel, fed through a real queue."""
+
+    def __init__(self, cfg, model, num=1):
+        self.cfg, self.model = cfg, model
+        model.share_memory()
+        self.optimizer = (SharedAdam if cfg.optim.name == "adam" else SharedRMSprop)(
+            model.parameters(), cfg.optim.lr)
+        self.fragments = ArrayQueue(cfg.actors.queue_capacity, fragment_dtype(OBS_SPACE, ACTION_SPACE, 3))
+        self.counters = Counters(COUNTERS)
+        self.stats: deque = deque()
+        self.stop = threading.Event()
+        self.threads = [threading.Thread(target=run_learner, args=(cfg, model, self.optimizer, self.fragments,
+                                                                   self.counters, self.stats, self.stop))
+                        for _ in range(num)]
+        for thread in self.threads:
+            thread.start()
+
+    def put(self, n):
+        f = fragments(3, n)
+        f["obs"][..., 0] = 0.5
+        f["reward"] = 1.0
+        f["action"] = 1
+        f["logp"] = LOGP[1]
+        self.fragments.put_many(f)
+
+    def wait_for(self, name, value, timeout=20.0):
+        deadline = time.monotonic() + timeout
+        while self.counters[name] < value and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return self.counters[name]
+
+    def close(self):
+        self.stop.set()
+        self.fragments.close()
+        for thread in self.threads:
+            thread.join(10)
+        assert not any(thread.is_alive() for thread in self.threads)
+        self.counters.close()
+
+
+@pytest.fixture
+def harnesses():
+    made = []
+    yield lambda *args, **kw: made.append(LearnerHarness(*args, **kw)) or made[-1]
+    for harness in made:
+        harness.close()
+
+
+def test_non_finite_loss_is_skipped_counted_and_leaves_parameters_unchanged(harnesses):
+    model = FixedModel(nan=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    h = harnesses(config(), model)
+    h.put(8)
+    assert h.wait_for("nonfinite_losses", 2) == 2
+    assert h.counters["updates"] == 0
+    assert h.counters["policy_version"] == 0
+    for p, p0 in zip(model.parameters(), before):
+        torch.testing.assert_close(p.detach(), p0)
+    assert all((sq == 0).all() for sq in h.optimizer.state["square_avg"])
+    assert not h.stats
+
+
+def test_a_batch_filled_across_queue_timeouts_loses_no_fragment(harnesses):
+    """The learner waits for fragments in 0.2 s slices; fragments that arrive in
+    separate slices still make one batch."""
+    model = FixedModel()
+    h = harnesses(config(batch_size=4), model)
+    h.put(1)
+    time.sleep(0.6)  # several empty slices while the batch holds one fragment
+    h.put(3)
+    assert h.wait_for("updates", 1) == 1
+    assert h.counters["queue_gets"] == 4
+    assert h.fragments.qsize() == 0
+    assert len(h.stats) == 1
+
+
+def test_two_learner_threads_update_one_shared_model_and_optimizer(harnesses):
+    cfg = config(batch_size=4)
+    cfg.optim.name = "adam"
+    model = FixedModel()
+    before = [p.detach().clone() for p in model.parameters()]
+    h = harnesses(cfg, model, num=2)
+    h.put(8)
+    assert h.wait_for("updates", 2) == 2
+    assert h.optimizer.state["step"][0].item() == 2
+    assert h.counters["policy_version"] == 2
+    assert h.counters["queue_gets"] == 8
+    assert any(not torch.equal(p.detach(), p0) for p, p0 in zip(model.parameters(), before))
+    (loss_stats, lag_mean, lag_max, lr), _ = h.stats
+    assert lr == cfg.optim.lr
+    assert lag_max >= 0
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
+def test_a_learner_that_dies_stops_the_run_with_an_error_instead_of_hanging(tmp_path):
+    from a3c.metrics import MemorySink
+    from a3c.runner import Trainer, build_default_model
+
+    cfg = load_config({"actors": {"mode": "thread", "num": 1, "envs_per_actor": 2, "unroll_length": 5,
+                                  "queue_capacity": 16},
+                       "learners": {"batch_size": 4}, "total_timesteps": 100_000,
+                       "logging": {"progress": False, "interval_s": 0.5, "run_root": str(tmp_path)},
+                       "checkpoint": {"interval_s": 0}})
+    model = build_default_model(cfg)
+
+    def broken_evaluate(obs, actions):
+        raise ValueError("broken model")
+
+    model.evaluate = broken_evaluate
+    trainer = Trainer(cfg, tmp_path / "run", model, sink=MemorySink())
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(pytest.raises(RuntimeError, trainer.train)))
+    thread.start()
+    thread.join(60)
+    assert not thread.is_alive(), "the run hangs when its learner dies"
+    (info,) = outcome
+    assert "learner thread died" in str(info.value)
+    assert trainer.counters["updates"] == 0
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()  # the usual shutdown still ran
