@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import mmap
+import multiprocessing.util
 import os
 import secrets
 import weakref
@@ -117,6 +118,9 @@ class Segment:
         self._path = path
         if create:
             _OWNED[path] = os.getpid()
+            # A multiprocessing child ends with os._exit, which skips atexit; its exit
+            # hook runs these finalizers instead.
+            multiprocessing.util.Finalize(None, _unlink, args=(path,), exitpriority=0)
         weakref.finalize(self, _release, self.address, mapping, path).atexit = False
 
     @classmethod

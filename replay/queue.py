@@ -1,6 +1,7 @@
 """ArrayQueue: a bounded lock-free queue of fixed-size numpy records in shared memory."""
 from __future__ import annotations
 
+import math
 import queue
 import time
 
@@ -35,6 +36,16 @@ def _check_timeout(block: bool, timeout: float | None) -> None:
             f"timeout must be a positive number of seconds or None, got {timeout!r}; "
             "for a call that does not wait, pass block=False"
         )
+
+
+# (given kind, queue kind) pairs whose conversion loses information: float or complex
+# into integer or bool, complex into float.
+_LOSSY_KINDS = {g + q for g in "fc" for q in "iub"} | {"cf"}
+
+
+def _deadline(timeout: float | None) -> float | None:
+    """When a wait of `timeout` seconds ends; None for no limit (None or infinity)."""
+    return None if timeout is None or timeout == math.inf else time.monotonic() + timeout
 
 
 class ArrayQueue:
@@ -177,7 +188,7 @@ class ArrayQueue:
             return 0
         base = ffi.from_buffer(items)
         size = self._dtype.itemsize
-        deadline = None if timeout is None else time.monotonic() + timeout
+        deadline = _deadline(timeout)
         done = 0
         try:
             while done < n:
@@ -240,7 +251,7 @@ class ArrayQueue:
         if not block:
             moved = fn(self._q, buffer, n, 0)
         else:
-            deadline = None if timeout is None else time.monotonic() + timeout
+            deadline = _deadline(timeout)
             while True:
                 moved = fn(self._q, buffer, n, _WAIT_SLICE_NS if deadline is None else
                            min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9))))
@@ -273,9 +284,15 @@ class ArrayQueue:
             if isinstance(item, np.ndarray) and not item.flags.c_contiguous:
                 item = np.ascontiguousarray(item)
         else:
+            # Refuse conversions that drop a fraction or an imaginary part (5.7 into an
+            # int queue); numpy itself refuses out-of-range Python ints.
+            kinds = np.asarray(item).dtype.kind + self._base.kind if self._base.fields is None else ""
+            if kinds in _LOSSY_KINDS:
+                raise TypeError(f"cannot store {item!r} as {self._describe()} without losing "
+                                "information; convert it explicitly")
             try:
                 item = np.asarray(item, dtype=self._base)
-            except (TypeError, ValueError) as error:
+            except (TypeError, ValueError, OverflowError) as error:
                 raise TypeError(f"cannot store {item!r} as {self._describe()}: {error}") from None
             if item.shape != self._item_shape:
                 raise ValueError(

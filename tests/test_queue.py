@@ -818,3 +818,34 @@ def test_repr_shows_fill_and_closed_state():
     q.close()
     assert "closed" in repr(q)
 
+
+
+def test_an_infinite_timeout_waits_like_no_timeout():
+    q = ArrayQueue(2, "i8")
+    putter = Worker(lambda: (time.sleep(0.05), q.put(7)))
+    assert q.get(timeout=float("inf")) == 7
+    putter.finish()
+    assert q.put_many(np.arange(2), timeout=float("inf")) == 2
+
+
+@pytest.mark.parametrize("dtype, value", [("i8", 5.7), ("u1", 1.5), ("f8", 1 + 2j), ("?", 0.5)])
+def test_a_lossy_conversion_is_refused_and_nothing_is_written(dtype, value):
+    q = ArrayQueue(2, dtype)
+    with pytest.raises(TypeError, match="without losing information"):
+        q.put(value)
+    assert len(q) == 0
+
+
+def _create_queue_and_exit(names):
+    names.put(replay.ArrayQueue(2, "i8")._segment.name)  # alive when the child exits
+
+
+def test_a_queue_created_in_a_fork_child_is_removed_when_the_child_exits():
+    ctx = mp.get_context("fork")
+    names = ctx.Queue()
+    child = ctx.Process(target=_create_queue_and_exit, args=(names,))
+    child.start()
+    name = names.get(timeout=JOIN_S)
+    child.join(JOIN_S)
+    assert child.exitcode == 0
+    assert name not in os.listdir("/dev/shm")
