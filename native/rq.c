@@ -22,6 +22,7 @@
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -54,8 +55,9 @@ void rq_test_hook(int point, uint64_t pos);
 /* How long a claimed slot may stay unpublished before consumers ask whether its
  * producer is still alive (also the interval between two such checks). */
 #define STUCK_NS 20000000ll /* 20 ms */
-/* Spin this many rounds before sleeping in the kernel. */
+/* Spin this many rounds, then yield the core this many times, before sleeping. */
 #define SPIN_ROUNDS 64
+#define YIELD_ROUNDS 16
 
 _Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to work across processes");
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to work across processes");
@@ -95,14 +97,13 @@ typedef struct {
     /* Line 2: next position a consumer claims. */
     _Atomic uint64_t head;
     char pad2[LINE - 8];
-    /* Line 3: consumers asleep waiting for a record, and their eventcount. */
-    _Atomic uint32_t pop_waiters;
-    _Atomic uint32_t pop_seq;
-    char pad3[LINE - 8];
-    /* Line 4: producers asleep waiting for room, and their eventcount. */
-    _Atomic uint32_t push_waiters;
-    _Atomic uint32_t push_seq;
-    char pad4[LINE - 8];
+    /* Line 3: the futex word consumers sleep on while the queue is empty: bit 0 says
+     * someone may be asleep, the other bits count wake-ups (see wake()). */
+    _Atomic uint32_t pop_word;
+    char pad3[LINE - 4];
+    /* Line 4: the futex word producers sleep on while the queue is full. */
+    _Atomic uint32_t push_word;
+    char pad4[LINE - 4];
     /* Line 5: rarely written statistics and the dead-producer watch. */
     _Atomic uint64_t full_waits, empty_waits, skipped;
     _Atomic uint64_t stuck_pos;      /* position + 1 of a slot seen claimed and unpublished */
@@ -113,7 +114,7 @@ typedef struct {
 _Static_assert(sizeof(header_t) == 6 * LINE, "header is six separate lines");
 _Static_assert(offsetof(header_t, tail) == 1 * LINE, "tail on its own line");
 _Static_assert(offsetof(header_t, head) == 2 * LINE, "head on its own line, apart from tail");
-_Static_assert(offsetof(header_t, pop_waiters) == 3 * LINE, "wait words apart from the indices");
+_Static_assert(offsetof(header_t, pop_word) == 3 * LINE, "wait words apart from the indices");
 
 static inline uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 
@@ -156,18 +157,26 @@ static void futex_wake(_Atomic uint32_t *word, int count) {
     syscall(SYS_futex, (uint32_t *)word, FUTEX_WAKE, count, NULL, NULL, 0);
 }
 
+#define SLEEPING 1u /* bit 0 of a futex word: a thread may be asleep on it */
+
 /*
- * Wake sleepers after making progress. The seq_cst fence orders our stamp stores before
- * the load of `waiters`; it pairs with the fence in wait_for() between a sleeper's
- * increment of `waiters` and its re-check of the queue. Either we see the sleeper, or
- * the sleeper sees our record: no wake-up is lost (the Dekker pattern).
+ * Wake the sleepers on `word` after making progress. The seq_cst fence orders our stamp
+ * stores before the load of the word; it pairs with the fence in announce() between a
+ * sleeper's setting of SLEEPING and its re-check of the queue. Either we see the bit,
+ * or the sleeper's re-check sees our record: no wake-up is lost (the Dekker pattern).
+ * The first waker clears the bit as it bumps the count, so however many records move
+ * before the sleepers run, only one of them pays for the system call.
  */
-static void wake(_Atomic uint32_t *waiters, _Atomic uint32_t *seq, uint64_t count) {
+static void wake(_Atomic uint32_t *word) {
     atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(waiters, memory_order_relaxed) == 0) return; /* the fast path */
-    /* Relaxed: the futex compares the value in the kernel, which orders it. */
-    atomic_fetch_add_explicit(seq, 1, memory_order_relaxed);
-    futex_wake(seq, count > INT_MAX ? INT_MAX : (int)count);
+    uint32_t v = atomic_load_explicit(word, memory_order_relaxed);
+    /* Relaxed CAS: the futex compares the value in the kernel, which orders it. */
+    while (v & SLEEPING)
+        if (atomic_compare_exchange_weak_explicit(word, &v, (v + 2) & ~SLEEPING,
+                                                  memory_order_relaxed, memory_order_relaxed)) {
+            futex_wake(word, INT_MAX);
+            return;
+        }
 }
 
 /* ---- producer registry (for the dead-producer policy) ---- */
@@ -431,22 +440,40 @@ static int64_t try_pop(header_t *h, char *out, uint64_t n, uint64_t *consumed) {
 }
 
 /*
- * Sleep until `seq` moves, after announcing ourselves in `waiters`. The caller re-checks
- * the queue between announce() and sleep(): the seq_cst fence here pairs with the one in
- * wake() so a record published meanwhile is either seen by the re-check or wakes us.
+ * Set SLEEPING on `word` and return the value to sleep on. The caller re-checks the
+ * queue between announce() and sleep_on(): the seq_cst fence here pairs with the one in
+ * wake(). A sleeper that is not woken (timeout, signal) leaves the bit set; that only
+ * costs the next waker one needless system call.
  */
-static uint32_t announce(_Atomic uint32_t *waiters, _Atomic uint32_t *seq) {
-    atomic_fetch_add_explicit(waiters, 1, memory_order_relaxed);
-    uint32_t value = atomic_load_explicit(seq, memory_order_relaxed);
+static uint32_t announce(_Atomic uint32_t *word) {
+    uint32_t v = atomic_load_explicit(word, memory_order_relaxed);
+    while (!(v & SLEEPING) &&
+           !atomic_compare_exchange_weak_explicit(word, &v, v | SLEEPING,
+                                                  memory_order_relaxed, memory_order_relaxed))
+        ;
     atomic_thread_fence(memory_order_seq_cst);
-    return value;
+    return v | SLEEPING;
 }
 
-static void sleep_on(_Atomic uint32_t *waiters, _Atomic uint32_t *seq, uint32_t value,
-                     int64_t deadline) {
+/* Sleep until the word moves from `value` (a wake-up or close), or until `deadline`. */
+static void sleep_on(_Atomic uint32_t *word, uint32_t value, int64_t deadline) {
     int64_t left = deadline < 0 ? -1 : deadline - now_ns();
-    if (deadline < 0 || left > 0) futex_wait(seq, value, left);
-    atomic_fetch_sub_explicit(waiters, 1, memory_order_relaxed);
+    if (deadline < 0 || left > 0) futex_wait(word, value, left);
+}
+
+/* Before sleeping, spin a little (the other side is often running on another core and
+ * about to make room or publish), then yield the core a few times (other runnable
+ * threads may be the ones we wait for). Returns false once it is time to sleep. */
+static bool keep_spinning(int round) {
+    if (round < SPIN_ROUNDS) {
+        cpu_relax();
+        return true;
+    }
+    if (round < SPIN_ROUNDS + YIELD_ROUNDS) {
+        sched_yield();
+        return true;
+    }
+    return false;
 }
 
 static int64_t deadline_of(int64_t timeout_ns) {
@@ -467,20 +494,17 @@ int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) 
         if (pushed != 0 || timeout_ns == 0) break;
         if (deadline == -2) deadline = deadline_of(timeout_ns);
         if (expired(deadline)) break;
-        if (round < SPIN_ROUNDS) { cpu_relax(); continue; }
-        if (round == SPIN_ROUNDS) atomic_fetch_add_explicit(&h->full_waits, 1, memory_order_relaxed);
-        uint32_t value = announce(&h->push_waiters, &h->push_seq);
+        if (keep_spinning(round)) continue;
+        atomic_fetch_add_explicit(&h->full_waits, 1, memory_order_relaxed);
+        uint32_t value = announce(&h->push_word);
         pushed = try_push(h, me, records, n);
-        if (pushed != 0) {
-            atomic_fetch_sub_explicit(&h->push_waiters, 1, memory_order_relaxed);
-            break;
-        }
-        sleep_on(&h->push_waiters, &h->push_seq, value, deadline);
+        if (pushed != 0) break;
+        sleep_on(&h->push_word, value, deadline);
         /* Back to the caller after one sleep, so that it can handle signals. */
         pushed = try_push(h, me, records, n);
         break;
     }
-    if (pushed > 0) wake(&h->pop_waiters, &h->pop_seq, (uint64_t)pushed);
+    if (pushed > 0) wake(&h->pop_word);
     return pushed;
 }
 
@@ -491,18 +515,17 @@ int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
     uint64_t consumed;
     for (int round = 0;; round++) {
         popped = try_pop(h, out, n, &consumed);
-        if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+        if (consumed) wake(&h->push_word);
         if (popped == 0 && consumed) continue; /* only skipped records: look again */
         if (popped != 0 || timeout_ns == 0) break;
         if (deadline == -2) deadline = deadline_of(timeout_ns);
         if (expired(deadline)) break;
-        if (round < SPIN_ROUNDS) { cpu_relax(); continue; }
-        if (round == SPIN_ROUNDS) atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
-        uint32_t value = announce(&h->pop_waiters, &h->pop_seq);
+        if (keep_spinning(round)) continue;
+        atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
+        uint32_t value = announce(&h->pop_word);
         popped = try_pop(h, out, n, &consumed);
         if (popped != 0 || consumed) {
-            atomic_fetch_sub_explicit(&h->pop_waiters, 1, memory_order_relaxed);
-            if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+            if (consumed) wake(&h->push_word);
             if (popped != 0) break;
             continue;
         }
@@ -510,10 +533,10 @@ int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
          * die): never sleep so long that nobody looks at it again. */
         int64_t nap_deadline = now_ns() + 2 * STUCK_NS;
         if (deadline >= 0 && deadline < nap_deadline) nap_deadline = deadline;
-        sleep_on(&h->pop_waiters, &h->pop_seq, value, nap_deadline);
+        sleep_on(&h->pop_word, value, nap_deadline);
         /* Back to the caller after one sleep, so that it can handle signals. */
         popped = try_pop(h, out, n, &consumed);
-        if (consumed) wake(&h->push_waiters, &h->push_seq, consumed);
+        if (consumed) wake(&h->push_word);
         break;
     }
     return popped;
@@ -524,10 +547,10 @@ void rq_close(void *mem) {
     /* seq_cst: the closed bit is ordered before the wake-ups below, and every claim
      * (a CAS on tail) after it fails and sees the bit. */
     atomic_fetch_or(&h->tail, CLOSED_BIT);
-    atomic_fetch_add(&h->pop_seq, 1);
-    atomic_fetch_add(&h->push_seq, 1);
-    futex_wake(&h->pop_seq, INT_MAX);
-    futex_wake(&h->push_seq, INT_MAX);
+    atomic_fetch_add(&h->pop_word, 2);
+    atomic_fetch_add(&h->push_word, 2);
+    futex_wake(&h->pop_word, INT_MAX);
+    futex_wake(&h->push_word, INT_MAX);
 }
 
 int rq_is_closed(const void *mem) {
