@@ -8,6 +8,7 @@ shuts everything down (also on Ctrl-C) leaving no process, thread or shared memo
 """
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import threading
 import time
@@ -91,19 +92,21 @@ class Trainer:
         env.close()
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
-        sink = self._sink or TensorBoardSink(str(self.run_dir))
-        sink.text("config", config_table(cfg))
         learner_stats: deque = deque(maxlen=10_000)
-        monitor = Monitor(sink, self.counters, self.fragments, self.episodes, learner_stats,
-                          cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress)
-        self.monitor = monitor
         stop = threading.Event()
         learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
                                      args=(cfg, self.model, self.optimizer, self.fragments,
                                            self.counters, learner_stats, stop))
                     for i in range(cfg.learners.num)]
+        sink = monitor = None
         try:
+            # Actors first: while this process runs one thread they can be forked directly.
             self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+            sink = self._sink or TensorBoardSink(str(self.run_dir))
+            sink.text("config", config_table(cfg))
+            monitor = self.monitor = Monitor(
+                sink, self.counters, self.fragments, self.episodes, learner_stats,
+                cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress)
             for learner in learners:
                 learner.start()
             monitor.start()
@@ -117,11 +120,12 @@ class Trainer:
                 if learner.is_alive():
                     learner.join()
             self._stop_actors()
-            monitor.stop()
+            if monitor is not None:
+                monitor.stop()
             self.save(latest_checkpoint(self.run_dir))
             self.episodes.close()
             self.counters.close()
-            if self._sink is None:
+            if sink is not None and self._sink is None:
                 sink.close()
         return self.counters.snapshot()
 
@@ -192,15 +196,16 @@ class Trainer:
 
 
 def _with_seed(cfg: Config, seed: int) -> Config:
-    import dataclasses
-
     return dataclasses.replace(cfg, seed=seed)
 
 
 def _context():
-    """Actor processes come from a fork server: forked (fast) from a clean process that
-    has imported the actor code once, never from this one, whose learner threads make
-    fork unsafe."""
+    """Where actor processes come from. Forking this process is fast (no imports) and
+    safe while it runs a single thread, as when a run starts; once learner or monitor
+    threads run, a thread may hold a lock the child would inherit locked, so restarted
+    actors come from a fork server: a clean process that imported the actor code once."""
+    if threading.active_count() == 1:
+        return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["a3c.actor"])
     return ctx
