@@ -11,7 +11,9 @@ bootstrap a time limit without storing a second observation).
 """
 from __future__ import annotations
 
+import queue
 import signal
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -70,27 +72,35 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
     local = _clone(shared)
     buf = np.zeros(E, fragments.dtype)  # one fragment per environment
+    # Field views, bound once: indexing a record array by name makes a new view each time.
+    f_obs, f_action, f_logp, f_version = buf["obs"], buf["action"], buf["logp"], buf["version"]
+    f_reward, f_terminated, f_truncated = buf["reward"], buf["terminated"], buf["truncated"]
+    f_trunc_value = buf["trunc_value"]
     obs, _ = envs.reset()
     ep_return, ep_length = np.zeros(E), np.zeros(E, np.int64)
     low = high = None
     if local.is_continuous:
         low, high = envs.single_action_space.low, envs.single_action_space.high
     while True:
+        start = time.perf_counter()
+        env_s = 0.0  # time in envs.step, for the per-part profile
         copy_weights(local, shared)  # a recent policy, once per fragment
         version = counters["policy_version"]
         for t in range(T):
             action, logp, _ = local.act(torch.from_numpy(np.asarray(obs)))
             action = action.numpy()
-            buf["obs"][:, t] = obs
-            buf["action"][:, t] = action
-            buf["logp"][:, t] = logp.numpy()
-            buf["version"][:, t] = version
+            f_obs[:, t] = obs
+            f_action[:, t] = action
+            f_logp[:, t] = logp.numpy()
+            f_version[:, t] = version
             step_action = np.clip(action, low, high) if low is not None else action
+            before_step = time.perf_counter()
             obs, reward, terminated, truncated, info = envs.step(step_action)
-            buf["reward"][:, t] = reward
-            buf["terminated"][:, t] = terminated
-            buf["truncated"][:, t] = truncated & ~terminated
-            buf["trunc_value"][:, t] = _final_values(local, info, truncated & ~terminated)
+            env_s += time.perf_counter() - before_step
+            f_reward[:, t] = reward
+            f_terminated[:, t] = terminated
+            f_truncated[:, t] = truncated & ~terminated
+            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated)
             ep_return += reward
             ep_length += 1
             done = terminated | truncated
@@ -101,14 +111,19 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
                 finished["step"] = steps
                 try:
                     episodes.put_many(finished, block=False)  # monitoring only: never wait
-                except Exception:  # full (nobody reading) or closed: drop, count
+                except (queue.Full, Closed):  # nobody reading, or stopping: drop, count
                     counters.add("episodes_dropped", len(finished))
                 counters.add("episodes", len(finished))
                 ep_return[done], ep_length[done] = 0, 0
         buf["last_obs"] = obs
+        before_put = time.perf_counter()
         fragments.put_many(buf)  # waits while the learners are behind
+        done_at = time.perf_counter()
         counters.add("env_steps", E * T)
         counters.add("queue_puts", E)
+        counters.add("actor_env_s", env_s)
+        counters.add("actor_policy_s", before_put - start - env_s)  # inference, bookkeeping
+        counters.add("actor_queue_s", done_at - before_put)
 
 
 def _final_values(model, info: dict, truncated: np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+import time
 from collections import deque
 from typing import NamedTuple
 
@@ -109,6 +110,7 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
     out = np.empty(B, fragments.dtype)
     n = 0  # fragments of the batch being filled; kept across timeouts
     while not stop.is_set():
+        waited_from = time.perf_counter()
         try:
             while n < B:  # get_many returns 1..B; fill the whole batch
                 n += len(fragments.get_many(B - n, timeout=0.2, out=out[n:]))
@@ -117,6 +119,8 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         except Closed:
             return
         n = 0
+        started = time.perf_counter()
+        counters.add("learner_queue_s", started - waited_from)
         counters.add("queue_gets", B)
         copy_weights(local, shared)
         version = counters["policy_version"]
@@ -134,6 +138,7 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         optimizer.step(grads)
         counters.add("updates")
         counters.add("policy_version")
+        counters.add("learner_update_s", time.perf_counter() - started)
         lag = version - batch.version  # learner version minus the version that acted
         stats.append((loss_stats, float(lag.float().mean()), int(lag.max()), optimizer.lr))
 

@@ -140,6 +140,9 @@ class Monitor(threading.Thread):
         scalar("queue/empty_waits", queue_stats["empty_waits"], step)
         scalar("queue/skipped", queue_stats["skipped"], step)
         scalar("queue/episodes_dropped", counts["episodes_dropped"], step)
+        for name in self.counters.names:
+            if name.endswith("_s"):  # seconds summed over workers -> cores busy on that part
+                scalar(f"perf/cores_{name[:-2]}", (counts[name] - before[name]) / dt, step)
         stats = [self.learner_stats.popleft() for _ in range(len(self.learner_stats))]
         if stats:
             losses, lag_means, lag_maxes, lrs = zip(*stats)

@@ -151,7 +151,9 @@ class ActorCritic(nn.Module):
         """Turn raw observations of the space's dtype into float torso inputs."""
         if self._obs_kind == "onehot":
             return F.one_hot(obs.long() - self._obs_start, self.observation_space.n).float()
-        obs = obs.float() * self._obs_scale
+        obs = obs.float()
+        if self._obs_scale != 1.0:
+            obs = obs * self._obs_scale
         return obs if self.uses_cnn else obs.flatten(start_dim=1)
 
     def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -170,22 +172,29 @@ class ActorCritic(nn.Module):
         self, obs: torch.Tensor, deterministic: bool = False
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         policy_params, value = self(obs)
+        if not self.is_continuous:
+            # The Gumbel-max trick samples the categorical without building a Distribution,
+            # which costs more than the forward pass for a small network on an actor's path.
+            log_probs = torch.log_softmax(policy_params, dim=-1)
+            scores = log_probs
+            if not deterministic:  # -log(Exp(1)) is Gumbel noise
+                scores = log_probs - torch.empty_like(log_probs).exponential_().log()
+            action = scores.argmax(dim=-1)
+            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
         dist = self.dist(policy_params)
-        if not deterministic:
-            action = dist.sample()
-        elif self.is_continuous:
-            action = policy_params  # the Gaussian mean
-        else:
-            action = policy_params.argmax(dim=-1)
+        action = policy_params if deterministic else dist.sample()  # the mean, or a sample
         return action, dist.log_prob(action), value
 
     def evaluate(
         self, obs: torch.Tensor, actions: torch.Tensor
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         policy_params, value = self(obs)
+        if not self.is_continuous:  # the Categorical's formulas, without building one
+            log_probs = torch.log_softmax(policy_params, dim=-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1)
+            return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, value
         dist = self.dist(policy_params)
-        actions = actions.float() if self.is_continuous else actions.long()
-        return dist.log_prob(actions), dist.entropy(), value
+        return dist.log_prob(actions.float()), dist.entropy(), value
 
 
 @torch.no_grad()

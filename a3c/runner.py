@@ -32,6 +32,8 @@ __all__ = ["COUNTERS", "Trainer", "build_default_model"]
 
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
             "queue_puts", "queue_gets", "actor_restarts", "nonfinite_losses")
+# Seconds spent, summed over workers: the per-part time profile.
+TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "learner_queue_s", "learner_update_s")
 _EPISODE_QUEUE = 4096
 _JOIN_TIMEOUT_S = 10.0
 
@@ -67,15 +69,15 @@ class Trainer:
         self.model = model if model is not None else build_default_model(cfg)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
-        self.counters = Counters(COUNTERS)
+        self.counters = Counters(COUNTERS, TIMERS)
         if state is not None:
             check_compatible(cfg, state)
             if state["model"] is not None:  # None: `model` already holds the weights (A3C.learn)
                 self.model.load_state_dict(state["model"])
             self.optimizer.load_state_dict(state["optimizer"])
             for name, value in state["counters"].items():
-                if name in COUNTERS:
-                    self.counters.set(name, int(value))
+                if name in self.counters.names:
+                    self.counters.set(name, value)
         self._sink = sink
         self._actors: list = []
         self._restarts = [0] * cfg.actors.num

@@ -636,6 +636,10 @@ void rq_counter_set_float(void *mem, uint64_t i, double value) {
     atomic_store_explicit(&cell(mem, i)->value, bits_of(value), memory_order_relaxed);
 }
 
+uint64_t rq_counter_load(const void *mem, uint64_t i) {
+    return atomic_load_explicit(&cell((void *)mem, i)->value, memory_order_relaxed);
+}
+
 void rq_counters_read(const void *mem, uint64_t *out, uint64_t n) {
     for (uint64_t i = 0; i < n; i++)
         out[i] = atomic_load_explicit(&cell((void *)mem, i)->value, memory_order_relaxed);

@@ -65,6 +65,8 @@ void rq_counter_add_int(void *mem, uint64_t index, int64_t value);
 void rq_counter_add_float(void *mem, uint64_t index, double value);
 void rq_counter_set_int(void *mem, uint64_t index, int64_t value);
 void rq_counter_set_float(void *mem, uint64_t index, double value);
+/* One cell's raw 64-bit value (a float cell holds the bits of a double). */
+uint64_t rq_counter_load(const void *mem, uint64_t index);
 /* Copies the raw 64-bit cells; float cells hold the bits of a double. */
 void rq_counters_read(const void *mem, uint64_t *out, uint64_t n);
 

@@ -1,6 +1,7 @@
 """Counters: named 64-bit atomic counters in shared memory, for threads and processes."""
 from __future__ import annotations
 
+import struct
 from collections.abc import Iterable
 
 import numpy as np
@@ -88,8 +89,11 @@ class Counters:
             lib.rq_counter_set_float(self._mem, i, float(value))
 
     def __getitem__(self, name: str):
-        self._slot(name)  # a clear KeyError for an unknown name
-        return self.snapshot()[name]
+        i = self._slot(name)
+        raw = lib.rq_counter_load(self._mem, i)
+        if i < len(self._int_names):
+            return raw - (1 << 64) if raw >> 63 else raw  # two's complement
+        return struct.unpack("d", struct.pack("Q", raw))[0]
 
     def snapshot(self) -> dict:
         """Every counter's current value. Each value is read atomically; the set is not

@@ -17,7 +17,7 @@ from gymnasium import spaces
 from a3c.actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from a3c.config import load_config
 from a3c.model import build_model
-from a3c.runner import COUNTERS
+from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
 
 ENV_ID = "A3CTestCounter-v0"
@@ -83,7 +83,7 @@ class ActorRun:
         self.fragments = ArrayQueue(queue_capacity,
                                     fragment_dtype(CounterEnv.observation_space, CounterEnv.action_space, T))
         self.episodes = ArrayQueue(256, EPISODE_DTYPE)
-        self.counters = Counters(COUNTERS)
+        self.counters = Counters(COUNTERS, TIMERS)
         self.counters.set("policy_version", version)
         self.thread = threading.Thread(target=run_actor, args=(0, self.cfg, self.model, self.fragments,
                                                                self.episodes, self.counters, False))

@@ -20,7 +20,7 @@ from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import Batch, batch_from_fragments, compute_loss, run_learner
 from a3c.optim import SharedAdam, SharedRMSprop
-from a3c.runner import COUNTERS
+from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (1,), np.float32)
@@ -277,7 +277,7 @@ class LearnerHarness:
         self.optimizer = (SharedAdam if cfg.optim.name == "adam" else SharedRMSprop)(
             model.parameters(), cfg.optim.lr)
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, fragment_dtype(OBS_SPACE, ACTION_SPACE, 3))
-        self.counters = Counters(COUNTERS)
+        self.counters = Counters(COUNTERS, TIMERS)
         self.stats: deque = deque()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=run_learner, args=(cfg, model, self.optimizer, self.fragments,

@@ -126,3 +126,15 @@ def test_unknown_activation_raises_value_error():
     with pytest.raises(ValueError, match="activation"):
         build_model(*CARTPOLE, activation="gelu")
 
+
+
+def test_sampled_discrete_actions_follow_the_policy_probabilities():
+    model = build_model(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3))
+    with torch.no_grad():
+        model.policy_head.bias.copy_(torch.tensor([0.0, 1.0, 2.0]))
+    obs = torch.zeros(40_000, 4)
+    actions, log_probs, _ = model.act(obs)
+    expected = torch.softmax(torch.tensor([0.0, 1.0, 2.0]), -1)
+    frequencies = torch.bincount(actions, minlength=3).float() / len(actions)
+    assert torch.allclose(frequencies, expected, atol=0.01)
+    assert torch.allclose(log_probs, expected.log()[actions], atol=1e-5)
