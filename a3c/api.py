@@ -48,8 +48,14 @@ class A3C:
         self.run_dir: Path | None = None
 
     @property
+    def counters(self) -> dict:
+        """The run's counters after `learn()`: steps, episodes, updates, restarts, and
+        seconds spent per part (actor_env_s, actor_policy_s, ..., summed over workers)."""
+        return dict(self._state["counters"]) if self._state else {}
+
+    @property
     def num_timesteps(self) -> int:
-        return int(self._state["counters"]["env_steps"]) if self._state else 0
+        return int(self.counters.get("env_steps", 0))
 
     def learn(self, total_timesteps: int | None = None, run_dir: str | os.PathLike | None = None,
               sink: Sink | None = None) -> A3C:

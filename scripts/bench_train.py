@@ -19,6 +19,12 @@ import numpy as np
 TARGET, BUDGET = 475.0, 500_000
 
 
+PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
+         "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
+         "learner_queue_s": "learner: waiting in get_many"}
+profiles: list[dict] = []  # cores busy per part, one dict per A3C run
+
+
 def run_a3c(seed: int) -> tuple[float, int, bool]:
     from a3c import A3C
 
@@ -27,6 +33,8 @@ def run_a3c(seed: int) -> tuple[float, int, bool]:
                 logging__progress=False, logging__run_root="/tmp/a3c-bench-runs")
     agent.learn(BUDGET)
     wall = time.perf_counter() - start
+    counters = agent.counters
+    profiles.append({part: counters[part] / wall for part in PARTS})
     solved = len(agent.recent_returns) == 100 and np.mean(agent.recent_returns) >= TARGET
     return wall, agent.num_timesteps, solved
 
@@ -107,6 +115,10 @@ def main() -> None:
         for other in ("ppo", "a2c"):
             if other in medians:
                 print(f"a3c time / {other} time: {medians['a3c'] / medians[other]:.2f}")
+    if profiles:
+        print("\nA3C time per part, cores busy (median over seeds):")
+        for part, label in PARTS.items():
+            print(f"  {label:30s} {statistics.median(p[part] for p in profiles):.2f}")
     print(f"raw CartPole throughput, random actions, 16 envs, 1 core: "
           f"{raw_env_throughput():.0f} steps/s")
 
