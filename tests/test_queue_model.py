@@ -4,8 +4,6 @@ Hypothesis drives random sequences of the non-blocking operations and close at s
 capacities, and every result, including which exception is raised (queue.Full,
 queue.Empty, replay.Closed), must match the model.
 """
-import gc
-import os
 import queue
 from collections import deque
 
@@ -16,16 +14,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from replay import ArrayQueue, Closed
-
-
-@pytest.fixture(autouse=True)
-def no_shared_memory_left():
-    prefix = f"rq-{os.getpid()}-"
-    before = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)}
-    yield
-    gc.collect()
-    left = {n for n in os.listdir("/dev/shm") if n.startswith(prefix)} - before
-    assert not left, f"shared memory left behind: {sorted(left)}"
 
 
 class QueueModel(RuleBasedStateMachine):
@@ -129,4 +117,3 @@ QueueModel.TestCase.settings = settings(
     max_examples=150, stateful_step_count=40, deadline=None,
     suppress_health_check=[HealthCheck.too_slow])
 test_queue_matches_a_deque_model = QueueModel.TestCase
-

@@ -17,7 +17,6 @@ import threading
 import time
 from pathlib import Path
 
-import pytest
 
 import replay
 from replay import ArrayQueue, Counters
@@ -253,14 +252,3 @@ def test_remove_stale_segments_keeps_segments_of_living_creators():
     q.close()
     c.close()
     assert not {q._segment.name, c._segment.name} & rq_entries()
-
-
-@pytest.fixture(autouse=True)
-def no_shared_memory_left():
-    prefix = f"rq-{os.getpid()}-"
-    before = {n for n in rq_entries() if n.startswith(prefix)}
-    yield
-    import gc
-    gc.collect()
-    left = {n for n in rq_entries() if n.startswith(prefix)} - before
-    assert not left, f"shared memory left behind: {sorted(left)}"
