@@ -54,8 +54,10 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
     """Act until the fragment queue is closed. `model` is the shared model: it is read
     (copied into a local one) once per fragment and never written."""
     if in_process:
-        # Ctrl-C reaches the whole process group; the trainer decides how to stop.
+        # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
+        # forked actor also inherits the command line's SIGTERM handler: back to default.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         torch.set_num_threads(1)
     E = cfg.actors.envs_per_actor
     envs = make_vector_env(cfg.env, E, seed=cfg.seed * 10_000 + actor_id * E)
@@ -117,7 +119,8 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
                 ep_return[done], ep_length[done] = 0, 0
         buf["last_obs"] = obs
         before_put = time.perf_counter()
-        fragments.put_many(buf)  # waits while the learners are behind
+        if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
+            return  # closed while waiting: the trainer is stopping
         done_at = time.perf_counter()
         counters.add("env_steps", E * T)
         counters.add("queue_puts", E)

@@ -14,22 +14,27 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .checkpoint import load_checkpoint, save_checkpoint
-from .config import Config, config_to_dict, load_config, save_config
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import Config, apply_overrides, config_to_dict, load_config, save_config
 from .envs import make_env
 from .metrics import Sink
-from .runner import Trainer, build_default_model, check_compatible
+from .runner import Trainer, build_default_model, load_state
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
 
 
 def new_run_dir(cfg: Config) -> Path:
-    """runs/<name>-<YYYYmmdd-HHMMSS>, with a suffix if that exists already."""
+    """Create runs/<name>-<YYYYmmdd-HHMMSS>, with a suffix if another run (perhaps started
+    at the same second) has that name already."""
     base = Path(cfg.logging.run_root) / f"{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    base.parent.mkdir(parents=True, exist_ok=True)
     run_dir, n = base, 1
-    while run_dir.exists():
-        run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
-    return run_dir
+    while True:
+        try:
+            run_dir.mkdir()  # atomic: exactly one run gets each name
+            return run_dir
+        except FileExistsError:
+            run_dir, n = base.with_name(f"{base.name}-{n}"), n + 1
 
 
 class A3C:
@@ -66,10 +71,15 @@ class A3C:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
         trainer = Trainer(cfg, self.run_dir, self.model, self._state, sink)
-        counters = trainer.train()
-        self._state = {"model": None, "optimizer": trainer.optimizer.state_dict(),
-                       "config": config_to_dict(cfg), "counters": counters}
-        self.recent_returns = list(trainer.monitor.recent_returns)
+        try:
+            trainer.train()
+        finally:
+            # Also after an interruption: the model was trained in place, so the optimizer
+            # statistics and counters must follow it into the next learn().
+            self._state = {"model": None, "optimizer": trainer.optimizer.state_dict(),
+                           "config": config_to_dict(cfg), "counters": trainer.counters.snapshot()}
+            monitor = getattr(trainer, "monitor", None)
+            self.recent_returns = list(monitor.recent_returns) if monitor else []
         return self
 
     def predict(self, obs, deterministic: bool = True):
@@ -91,10 +101,13 @@ class A3C:
     def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None) -> A3C:
         """Load a file written by `save`, or a run folder's checkpoint.pt."""
         path = Path(path)
-        state = load_checkpoint(path / "checkpoint.pt" if path.is_dir() else path)
-        agent = cls(state["config"], model=model)
-        check_compatible(agent.config, state)
-        agent.model.load_state_dict(state["model"])
+        state = load_checkpoint(latest_checkpoint(path) if path.is_dir() else path)
+        config = state["config"]
+        if str(config.get("learners", {}).get("device", "cpu")).startswith("cuda") and \
+                not torch.cuda.is_available():  # trained on a GPU, used on a CPU-only host
+            config = apply_overrides(config, {"learners.device": "cpu"})
+        agent = cls(config, model=model)
+        load_state(state, agent.model)
         if state["optimizer"]:
             agent._state = {**state, "model": None}
         return agent

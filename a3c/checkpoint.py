@@ -3,6 +3,7 @@ back with `weights_only=True` (no pickled objects, so loading runs no code)."""
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -22,14 +23,18 @@ def save_checkpoint(path: str | os.PathLike, model_state: dict, optimizer_state:
     """Write to a temporary file in the same folder, then rename: a crash never leaves
     a half-written checkpoint under the real name."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": FORMAT, "model": model_state, "optimizer": optimizer_state,
              "config": config, "counters": counters}
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        torch.save(state, tmp)
+        with os.fdopen(fd, "wb") as file:
+            torch.save(state, file)
+            file.flush()
+            os.fsync(file.fileno())  # the bytes are on disk before the name points at them
         os.replace(tmp, path)
     finally:
-        tmp.unlink(missing_ok=True)
+        Path(tmp).unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

@@ -50,7 +50,9 @@ def _train(args) -> None:
     try:
         counters = trainer.train()
     except KeyboardInterrupt:
-        print(f"\ninterrupted; checkpoint written to {latest_checkpoint(run_dir)}", file=sys.stderr)
+        where = f"checkpoint written to {latest_checkpoint(run_dir)}" if trainer.saved else \
+            "no checkpoint written"
+        print(f"\ninterrupted; {where}", file=sys.stderr)
         raise SystemExit(130) from None
     mean = trainer.monitor.mean_recent_return()
     print(f"done: {counters['env_steps']} steps, {counters['updates']} updates, "

@@ -8,6 +8,7 @@ shuts everything down (also on Ctrl-C) leaving no process, thread or shared memo
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing as mp
 import threading
@@ -21,14 +22,14 @@ from replay import ArrayQueue, Counters
 
 from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
-from .config import Config, config_table, config_to_dict
+from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import make_env
 from .learner import run_learner
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
 
-__all__ = ["COUNTERS", "Trainer", "build_default_model"]
+__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "load_state"]
 
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
             "queue_puts", "queue_gets", "actor_restarts", "nonfinite_losses")
@@ -49,15 +50,38 @@ def build_default_model(cfg: Config) -> torch.nn.Module:
 
 
 def check_compatible(cfg: Config, state: dict) -> None:
-    """A checkpoint must come from the same environment and model as the config."""
-    saved = state["config"]
+    """A checkpoint must come from the same environment, model and optimizer as the
+    config. The saved config is validated first, so that fields added since it was
+    written take their defaults instead of counting as differences."""
+    try:
+        saved = config_to_dict(load_config(state["config"]))
+    except ConfigError as error:
+        raise CheckpointError(f"the checkpoint's config is not valid here: {error}") from None
     current = config_to_dict(cfg)
-    for section in ("env", "model"):
-        if saved.get(section) != current[section]:
+    for key in ("env", "model", "optim.name"):
+        section, _, name = key.partition(".")
+        then, now = saved[section], current[section]
+        if name:
+            then, now = then[name], now[name]
+        if then != now:
             raise CheckpointError(
-                f"the checkpoint was trained with {section} = {saved.get(section)} but the "
-                f"config has {section} = {current[section]}; use the run's own config.yaml"
+                f"the checkpoint was trained with {key} = {then} but the config has "
+                f"{key} = {now}; use the run's own config.yaml"
             )
+
+
+def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None) -> None:
+    """Load a checkpoint's weights and optimizer state, or say why they do not fit."""
+    try:
+        if model is not None:
+            model.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+    except (KeyError, RuntimeError, ValueError) as error:
+        raise CheckpointError(
+            f"the checkpoint does not fit this model or optimizer ({str(error)[:200]}); "
+            "resume with the run's own config.yaml"
+        ) from None
 
 
 class Trainer:
@@ -72,13 +96,13 @@ class Trainer:
         self.counters = Counters(COUNTERS, TIMERS)
         if state is not None:
             check_compatible(cfg, state)
-            if state["model"] is not None:  # None: `model` already holds the weights (A3C.learn)
-                self.model.load_state_dict(state["model"])
-            self.optimizer.load_state_dict(state["optimizer"])
+            # state["model"] is None when `model` already holds the weights (A3C.learn).
+            load_state(state, self.model if state["model"] is not None else None, self.optimizer)
             for name, value in state["counters"].items():
                 if name in self.counters.names:
                     self.counters.set(name, value)
         self._sink = sink
+        self.saved = False  # whether the final checkpoint was written
         self._actors: list = []
         self._restarts = [0] * cfg.actors.num
 
@@ -88,6 +112,7 @@ class Trainer:
         """Train until `total_timesteps` env steps; return the final counters."""
         cfg = self.cfg
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
         env = make_env(cfg.env)
         dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length)
@@ -114,22 +139,30 @@ class Trainer:
             monitor.start()
             self._supervise(stop, learners)
         finally:
-            # Order matters: closing the queue wakes actors blocked in put (they exit) and
-            # learners blocked in get; the checkpoint is written once no learner updates.
-            stop.set()
-            self.fragments.close()
+            self._shutdown(stop, learners, monitor, sink, threads)
+        return self.counters.snapshot()
+
+    def _shutdown(self, stop, learners, monitor, sink, threads: int) -> None:
+        """Stop everything, in an order that matters: closing the queue wakes actors
+        blocked in put (they exit) and learners blocked in get; the checkpoint is written
+        as soon as no learner updates. Every later step runs even if one fails (or a
+        second Ctrl-C arrives), so nothing is left behind."""
+        stop.set()
+        self.fragments.close()
+        with contextlib.ExitStack() as later:  # callbacks run last-registered first
+            later.callback(torch.set_num_threads, threads)
+            later.callback(self.counters.close)
+            later.callback(self.episodes.close)
+            if sink is not None and self._sink is None:
+                later.callback(sink.close)
+            if monitor is not None:
+                later.callback(monitor.stop)  # drains episodes, writes the last values
+            later.callback(self._stop_actors)
             for learner in learners:
                 if learner.is_alive():
                     learner.join()
-            self._stop_actors()
-            if monitor is not None:
-                monitor.stop()
             self.save(latest_checkpoint(self.run_dir))
-            self.episodes.close()
-            self.counters.close()
-            if sink is not None and self._sink is None:
-                sink.close()
-        return self.counters.snapshot()
+            self.saved = True
 
     def _supervise(self, stop: threading.Event, learners: list[threading.Thread]) -> None:
         cfg = self.cfg
@@ -139,6 +172,8 @@ class Trainer:
             if not all(learner.is_alive() for learner in learners):
                 # Without learners the queue fills and the actors wait forever.
                 raise RuntimeError("a learner thread died; see its error above")
+            if not self.monitor.is_alive():
+                raise RuntimeError("the monitor thread died; see its error above")
             for i, actor in enumerate(self._actors):
                 if not actor.is_alive():
                     self._restart_actor(i, actor)

@@ -110,3 +110,33 @@ def test_loading_a_file_that_is_not_a_checkpoint_raises_checkpoint_error(tmp_pat
         A3C.load(other)
     with pytest.raises(CheckpointError, match="no checkpoint at"):
         A3C.load(tmp_path / "missing.pt")
+
+
+def test_a_checkpoint_trained_on_cuda_loads_on_a_cpu_only_host(agent, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a host without CUDA")
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    state = torch.load(path, weights_only=True)
+    state["config"]["learners"]["device"] = "cuda"
+    torch.save(state, path)
+    assert A3C.load(path).config.learners.device == "cpu"
+
+
+def test_a_checkpoint_from_before_a_config_field_existed_still_loads(agent, tmp_path):
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    state = torch.load(path, weights_only=True)
+    del state["config"]["env"]["max_episode_steps"]  # as written before the field existed
+    torch.save(state, path)
+    loaded = A3C.load(path)
+    assert loaded.learn(200, run_dir=tmp_path / "more", sink=MemorySink()) is loaded
+
+
+def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
+    from a3c.api import new_run_dir
+
+    config = A3C(str(CONFIG), logging__run_root=str(tmp_path)).config
+    folders = {new_run_dir(config) for _ in range(3)}
+    assert len(folders) == 3 and all(folder.is_dir() for folder in folders)
+

@@ -242,6 +242,12 @@ def test_resume_with_another_config_is_a_one_line_error_and_leaves_the_run_alone
     assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
 
 
+def test_resume_with_another_optimizer_is_a_one_line_error(trained, tmp_path):
+    run_dir = copy_of(trained[1], tmp_path)
+    result = a3c("train", "--resume", run_dir, "optim.name=adam")
+    assert_one_line_error(result, "the checkpoint was trained with optim.name", "adam")
+
+
 def test_eval_of_a_folder_without_checkpoint_is_a_one_line_error(tmp_path):
     assert_one_line_error(a3c("eval", tmp_path, "--episodes", "1"), "no checkpoint at")
 
