@@ -11,6 +11,7 @@ import os
 import time
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -90,6 +91,9 @@ class A3C:
         batch = torch.from_numpy(obs[None] if single else obs)
         action, _, _ = self.model.act(batch, deterministic=deterministic)
         action = action.numpy()
+        actions = getattr(self.model, "action_space", None)
+        if isinstance(actions, gym.spaces.Box):  # Gaussian samples are unbounded
+            action = np.clip(action, actions.low, actions.high)
         return (action[0] if single else action), None
 
     def save(self, path: str | os.PathLike) -> None:

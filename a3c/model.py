@@ -121,7 +121,7 @@ class ActorCritic(nn.Module):
                 "expected Discrete (starting at 0) or a rank-1 Box"
             )
 
-        self.observation_space = observation_space
+        self.observation_space, self.action_space = observation_space, action_space
         self._obs_start = int(getattr(observation_space, "start", 0))
         # Image observations stored as bytes are rescaled to [0, 1].
         self._obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
