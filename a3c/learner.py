@@ -105,6 +105,7 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
     shared parameters before every batch, and hands them to the shared optimizer."""
     device = torch.device(cfg.learners.device)
     local = copy.deepcopy(shared).to(device)
+    local_params = [p for p in local.parameters() if p.requires_grad]
     shared_params = [p for p in shared.parameters() if p.requires_grad]
     B = cfg.learners.batch_size
     out = np.empty(B, fragments.dtype)
@@ -132,8 +133,8 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         local.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(local.parameters(), cfg.learners.max_grad_norm)
-        grads = [p.grad.to(sp.device) if p.grad is not None else torch.zeros_like(sp)
-                 for p, sp in zip((p for p in local.parameters() if p.requires_grad), shared_params)]
+        grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
+                 for p, sp in zip(local_params, shared_params)]
         optimizer.lr = _learning_rate(cfg, counters["env_steps"])
         optimizer.step(grads)
         counters.add("updates")

@@ -192,7 +192,7 @@ class Trainer:
         cfg = self.cfg
         # Seeds differ per actor and per restart, so a restarted actor does not replay
         # the episodes of the one it replaces.
-        run_cfg = cfg if not self._restarts[i] else _with_seed(cfg, cfg.seed + 7919 * self._restarts[i])
+        run_cfg = dataclasses.replace(cfg, seed=cfg.seed + 7919 * self._restarts[i])
         args = (i, run_cfg, self.model, self.fragments, self.episodes, self.counters)
         if cfg.actors.mode == "thread":
             actor = threading.Thread(target=run_actor, args=(*args, False),
@@ -211,8 +211,7 @@ class Trainer:
                 f"actor {i} died {self._restarts[i]} times (last exit code {code}); "
                 "see its error above, or raise actors.max_restarts"
             )
-        if hasattr(actor, "join"):
-            actor.join()
+        actor.join()
         self.counters.add("actor_restarts")
         self._actors[i] = self._start_actor(i)
 
@@ -230,10 +229,6 @@ class Trainer:
     def save(self, path: Path) -> None:
         save_checkpoint(path, self.model.state_dict(), self.optimizer.state_dict(),
                         config_to_dict(self.cfg), self.counters.snapshot())
-
-
-def _with_seed(cfg: Config, seed: int) -> Config:
-    return dataclasses.replace(cfg, seed=seed)
 
 
 def _context():
