@@ -22,7 +22,7 @@ import torch
 from replay import ArrayQueue, Closed, Counters
 
 from .config import Config
-from .envs import make_vector_env
+from .envs import env_action, make_vector_env
 from .model import copy_weights
 
 __all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
@@ -60,9 +60,9 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         torch.set_num_threads(1)
     E = cfg.actors.envs_per_actor
-    envs = make_vector_env(cfg.env, E, seed=cfg.seed * 10_000 + actor_id * E)
+    envs = make_vector_env(cfg.env, E)
     try:
-        _act(envs, model, fragments, episodes, counters, cfg)
+        _act(envs, model, fragments, episodes, counters, cfg, seed=cfg.seed * 10_000 + actor_id * E)
     except Closed:
         pass  # the trainer is stopping
     finally:
@@ -70,7 +70,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
 
 
 def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
-         counters: Counters, cfg: Config) -> None:
+         counters: Counters, cfg: Config, seed: int) -> None:
     E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
     local = _clone(shared)
     buf = np.zeros(E, fragments.dtype)  # one fragment per environment
@@ -78,11 +78,8 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     f_obs, f_action, f_logp, f_version = buf["obs"], buf["action"], buf["logp"], buf["version"]
     f_reward, f_terminated, f_truncated = buf["reward"], buf["terminated"], buf["truncated"]
     f_trunc_value = buf["trunc_value"]
-    obs, _ = envs.reset()
+    obs, _ = envs.reset(seed=seed)
     ep_return, ep_length = np.zeros(E), np.zeros(E, np.int64)
-    low = high = None
-    if local.is_continuous:
-        low, high = envs.single_action_space.low, envs.single_action_space.high
     while True:
         start = time.perf_counter()
         env_s = 0.0  # time in envs.step, for the per-part profile
@@ -95,9 +92,9 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
             f_action[:, t] = action
             f_logp[:, t] = logp.numpy()
             f_version[:, t] = version
-            step_action = np.clip(action, low, high) if low is not None else action
             before_step = time.perf_counter()
-            obs, reward, terminated, truncated, info = envs.step(step_action)
+            obs, reward, terminated, truncated, info = envs.step(
+                env_action(action, envs.single_action_space))
             env_s += time.perf_counter() - before_step
             f_reward[:, t] = reward
             f_terminated[:, t] = terminated

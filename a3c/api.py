@@ -11,13 +11,12 @@ import os
 import time
 from pathlib import Path
 
-import gymnasium as gym
 import numpy as np
 import torch
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, apply_overrides, config_to_dict, load_config, save_config
-from .envs import make_env
+from .envs import env_action, make_env
 from .metrics import Sink
 from .runner import Trainer, build_default_model, load_state
 
@@ -86,14 +85,13 @@ class A3C:
     def predict(self, obs, deterministic: bool = True):
         """Action(s) for one observation or a batch; returns (action, None) as SB3 does."""
         obs = np.asarray(obs)
-        space = self.model.observation_space if hasattr(self.model, "observation_space") else None
-        single = space is not None and obs.shape == space.shape
+        observations = getattr(self.model, "observation_space", None)
+        single = observations is not None and obs.shape == observations.shape
         batch = torch.from_numpy(obs[None] if single else obs)
         action, _, _ = self.model.act(batch, deterministic=deterministic)
         action = action.numpy()
-        actions = getattr(self.model, "action_space", None)
-        if isinstance(actions, gym.spaces.Box):  # Gaussian samples are unbounded
-            action = np.clip(action, actions.low, actions.high)
+        if getattr(self.model, "action_space", None) is not None:
+            action = env_action(action, self.model.action_space)
         return (action[0] if single else action), None
 
     def save(self, path: str | os.PathLike) -> None:
@@ -129,9 +127,7 @@ def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
             while not done:
                 action, _, _ = model.act(torch.from_numpy(np.asarray(obs)[None]), deterministic)
                 action = action.numpy()[0]
-                if model.is_continuous:
-                    action = np.clip(action, env.action_space.low, env.action_space.high)
-                obs, reward, terminated, truncated, _ = env.step(action)
+                obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
                 total += float(reward)
                 done = terminated or truncated
             returns.append(total)

@@ -3,10 +3,11 @@ back with `weights_only=True` (no pickled objects, so loading runs no code)."""
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import torch
+
+from .files import write_atomically
 
 __all__ = ["CheckpointError", "FORMAT", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 
@@ -20,21 +21,10 @@ class CheckpointError(RuntimeError):
 
 def save_checkpoint(path: str | os.PathLike, model_state: dict, optimizer_state: dict,
                     config: dict, counters: dict) -> None:
-    """Write to a temporary file in the same folder, then rename: a crash never leaves
-    a half-written checkpoint under the real name."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write atomically: a crash never leaves a half-written checkpoint."""
     state = {"format": FORMAT, "model": model_state, "optimizer": optimizer_state,
              "config": config, "counters": counters}
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            torch.save(state, file)
-            file.flush()
-            os.fsync(file.fileno())  # the bytes are on disk before the name points at them
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+    write_atomically(path, lambda file: torch.save(state, file))
 
 
 def load_checkpoint(path: str | os.PathLike) -> dict:

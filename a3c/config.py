@@ -12,7 +12,6 @@ import difflib
 import operator
 import os
 import re
-import tempfile
 import types
 import typing
 from collections.abc import Mapping, Sequence
@@ -21,6 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from .files import write_atomically
 
 __all__ = [
     "Config", "EnvConfig", "ModelConfig", "ActorsConfig", "LearnersConfig", "OptimConfig",
@@ -425,20 +426,9 @@ def config_to_dict(cfg: Config) -> dict[str, Any]:
 
 
 def save_config(cfg: Config, path: str | os.PathLike) -> None:
-    """Write the config as YAML, atomically (temp file in the same folder, then os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    """Write the config as YAML, atomically."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomically(path, lambda file: file.write(text.encode("utf-8")))
 
 
 def _flow(v: Any) -> str:

@@ -2,10 +2,11 @@
 from __future__ import annotations
 
 import gymnasium as gym
+import numpy as np
 
 from .config import EnvConfig
 
-__all__ = ["EnvError", "make_env", "make_vector_env"]
+__all__ = ["EnvError", "env_action", "make_env", "make_vector_env"]
 
 
 class EnvError(RuntimeError):
@@ -32,13 +33,19 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     return env
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int, seed: int) -> gym.vector.VectorEnv:
+def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     """`num_envs` copies stepped in this process. SAME_STEP autoreset returns the reset
     observation at once and the final one in `info["final_obs"]`, so a fragment never
     holds a dummy step and a truncated episode can bootstrap from its final observation."""
-    envs = gym.vector.SyncVectorEnv(
+    return gym.vector.SyncVectorEnv(
         [lambda: make_env(cfg) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
-    envs.reset(seed=seed)
-    return envs
+
+
+def env_action(action: np.ndarray, space: gym.Space) -> np.ndarray:
+    """An action the environment accepts: Gaussian samples are unbounded, so clip them to
+    a Box space; other actions pass through."""
+    if isinstance(space, gym.spaces.Box):
+        return np.clip(action, space.low, space.high)
+    return action

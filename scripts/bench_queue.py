@@ -125,6 +125,13 @@ def dtype_of(size: int) -> np.dtype:
 # per mode; finish(q, consumers), called once by the last producer to stop the consumers.
 
 
+def put_each(q, n, item):
+    """The per-item producer loop shared by the queues whose put takes no options."""
+    put = q.put
+    for _ in range(n):
+        put(item)
+
+
 class AQ:
     """replay.ArrayQueue. Consumers stop on Closed once the queue is closed and drained."""
 
@@ -136,11 +143,7 @@ class AQ:
     def payload(dtype, mode):
         return np.zeros(1, dtype)[0] if mode == "item" else np.zeros(BATCH, dtype)
 
-    @staticmethod
-    def produce_item(q, n, item):
-        put = q.put
-        for _ in range(n):
-            put(item)
+    produce_item = staticmethod(put_each)
 
     @staticmethod
     def produce_batch(q, n_batches, block):
@@ -180,11 +183,7 @@ class SentinelQueue:
 
     SENTINEL = None
 
-    @classmethod
-    def produce_item(cls, q, n, item):
-        put = q.put
-        for _ in range(n):
-            put(item)
+    produce_item = staticmethod(put_each)
 
     @classmethod
     def consume_item(cls, q, dtype):

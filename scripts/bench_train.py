@@ -11,6 +11,7 @@ same environments stepped with random actions on the same cores.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import statistics
 import time
 
@@ -92,12 +93,9 @@ def main() -> None:
                "a2c": lambda s: run_sb3("a2c", s)}
     results: dict[str, list] = {}
     for name in args.only:
-        if name != "a3c":
-            try:
-                import stable_baselines3  # noqa: F401
-            except ImportError:
-                print(f"{name}: stable-baselines3 is not installed, skipped")
-                continue
+        if name != "a3c" and importlib.util.find_spec("stable_baselines3") is None:
+            print(f"{name}: stable-baselines3 is not installed, skipped")
+            continue
         for seed in args.seeds:  # interleaving would make runs share the cores; run one at a time
             wall, steps, solved = runners[name](seed)
             results.setdefault(name, []).append((wall, steps, solved))
