@@ -30,12 +30,16 @@ class Closed(getattr(queue, "ShutDown", Exception)):
     """The queue is closed: puts are refused, and gets find it closed and drained."""
 
 
+def _timeout_error(timeout) -> ValueError:
+    return ValueError(
+        f"timeout must be a positive number of seconds or None, got {timeout!r}; "
+        "for a call that does not wait, pass block=False"
+    )
+
+
 def _check_timeout(block: bool, timeout: float | None) -> None:
     if block and timeout is not None and not (timeout > 0):  # also rejects NaN
-        raise ValueError(
-            f"timeout must be a positive number of seconds or None, got {timeout!r}; "
-            "for a call that does not wait, pass block=False"
-        )
+        raise _timeout_error(timeout)
 
 
 # (given kind, queue kind) pairs whose conversion loses information: float or complex
@@ -145,12 +149,19 @@ class ArrayQueue:
         """Put one item, waiting for room if `block`. Raises `queue.Full` if there is no
         room (at once, or after `timeout` seconds), `Closed` if the queue is closed."""
         record = self._record(item)
-        if timeout is None:  # the common case, kept short: one C call when there is room
-            if _push(self._q, record, 1, _WAIT_SLICE_NS if block else 0) == 1:
-                return
+        # One C call when there is room, with or without a timeout: the deadline is worked
+        # out only once that call has found the queue full.
+        if timeout is None:
+            moved = _push(self._q, record, 1, _WAIT_SLICE_NS if block else 0)
+        elif not block or timeout > 0:  # a zero, negative or NaN timeout fails `timeout > 0`
+            moved = _push(self._q, record, 1, 0)
         else:
-            _check_timeout(block, timeout)
-        if not self._move(_push, record, 1, block, timeout):
+            raise _timeout_error(timeout)
+        if moved == 1:
+            return
+        if moved < 0:
+            raise self._error(moved)
+        if not (block and self._move(_push, record, 1, block, timeout)):
             raise queue.Full
 
     def put_nowait(self, item) -> None:
@@ -162,12 +173,18 @@ class ArrayQueue:
         `timeout` seconds), `Closed` once the queue is closed and drained."""
         out = _ndarray(1, self._dtype)  # uninitialised, as np.empty, at half the cost
         buffer = _from_buffer(out)
-        if timeout is None:  # the common case, kept short: one C call when there is one
-            if _pop(self._q, buffer, 1, _WAIT_SLICE_NS if block else 0) == 1:
-                return out[0]
+        # One C call when there is an item, with or without a timeout (see put).
+        if timeout is None:
+            moved = _pop(self._q, buffer, 1, _WAIT_SLICE_NS if block else 0)
+        elif not block or timeout > 0:
+            moved = _pop(self._q, buffer, 1, 0)
         else:
-            _check_timeout(block, timeout)
-        if not self._move(_pop, buffer, 1, block, timeout):
+            raise _timeout_error(timeout)
+        if moved == 1:
+            return out[0]
+        if moved < 0:
+            raise self._error(moved)
+        if not (block and self._move(_pop, buffer, 1, block, timeout)):
             raise queue.Empty
         return out[0]
 
@@ -186,11 +203,17 @@ class ArrayQueue:
         n = len(items)
         if n == 0:
             return 0
-        base = ffi.from_buffer(items)
+        base = _from_buffer(items)
         size = self._dtype.itemsize
-        deadline = _deadline(timeout)
         done = 0
         try:
+            # First one C call that does not wait: when everything fits, as it mostly does,
+            # no deadline is worked out, with or without a timeout.
+            moved = _push(self._q, base, n, 0)
+            if moved < 0:
+                raise self._error(moved)
+            done = moved
+            deadline = _deadline(timeout) if done < n else None
             while done < n:
                 left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
                 moved = self._move(_push, base + done * size, n - done, block, left)
@@ -219,7 +242,13 @@ class ArrayQueue:
             out = np.empty(max_items, self._dtype)
         else:
             self._check_out(out, max_items)
-        n = self._move(_pop, _from_buffer(out), max_items, block, timeout)
+        buffer = _from_buffer(out)
+        # First one C call that does not wait (see put_many); wait only if it found nothing.
+        n = _pop(self._q, buffer, max_items, 0)
+        if n < 0:
+            raise self._error(n)
+        if n == 0 and block:
+            n = self._move(_pop, buffer, max_items, block, timeout)
         if n == 0:
             raise queue.Empty
         return out[:n]
