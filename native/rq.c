@@ -12,7 +12,9 @@
  *   - blocking: waiters sleep on futex words in the shared region (eventcounts);
  *   - close: a bit in `tail` that makes every later claim fail;
  *   - dead producers: a slot whose producer died between claim and publish is
- *     skipped once every thread that may own it is known to be gone.
+ *     skipped once every thread that may own it is known to be gone;
+ *   - dead consumers: a slot whose consumer died between claim and release is
+ *     released for the next lap, and its record counted as lost, on the same terms.
  */
 #define _GNU_SOURCE
 #include "rq.h"
@@ -35,25 +37,26 @@
 #define SLOT_ALIGN 64   /* slots are rounded to one cache line */
 #define MAGIC 0x3151594c50455251ull /* "RQEPLYQ1" */
 #define COUNTERS_MAGIC 0x31544e43504552ull
-#define VERSION 1
+#define VERSION 2 /* 2: consumer registry and dead-consumer watch */
 
 /* Bit 63 of tail: the queue is closed. Bit 63 of a stamp: the record was skipped. */
 #define CLOSED_BIT (1ull << 63)
 #define SKIP_BIT (1ull << 63)
 
 #ifdef RQ_TEST_HOOKS
-/* Test builds only (native/stress.c): called at these points of a push, so that a test
- * can pause a producer thread or end it there and build the interleavings of the
- * dead-producer policy. Normal builds compile the calls away. */
-enum { RQ_HOOK_CLAIMING, RQ_HOOK_WRITING };
+/* Test builds only (native/stress.c): called at these points of a push or pop, so that
+ * a test can pause a thread or end it there and build the interleavings of the
+ * dead-producer and dead-consumer policies. Normal builds compile the calls away. */
+enum { RQ_HOOK_CLAIMING, RQ_HOOK_WRITING, RQ_HOOK_TAKING, RQ_HOOK_READING };
 void rq_test_hook(int point, uint64_t pos);
 #define TEST_HOOK(point, pos) rq_test_hook(point, pos)
 #else
 #define TEST_HOOK(point, pos) ((void)0)
 #endif
 
-/* How long a claimed slot may stay unpublished before consumers ask whether its
- * producer is still alive (also the interval between two such checks). */
+/* How long a claimed slot may stay unpublished (or, claimed by a consumer, unreleased)
+ * before the other side asks whether its owner is still alive (also the interval
+ * between two such checks). */
 #define STUCK_NS 20000000ll /* 20 ms */
 /* Spin this many rounds, then yield the core this many times, before sleeping. */
 #define SPIN_ROUNDS 64
@@ -76,21 +79,25 @@ typedef struct {
     /* the record follows, at offset 8 */
 } slot_t;
 
-/* A registered producer thread and the positions it is about to claim. */
+/* A registered producer (or consumer) thread and the positions it is about to claim.
+ * The queue has one registry of these per role. */
 typedef struct {
     _Atomic uint64_t owner;        /* pid << 32 | tid, 0 when the entry is free */
     _Atomic uint64_t intent_start; /* first position of the current claim */
     _Atomic uint64_t intent_count; /* positions claimed or being claimed; 0 when idle */
     char pad[SLOT_ALIGN - 24];
-} producer_t;
-_Static_assert(sizeof(producer_t) == SLOT_ALIGN, "one producer entry per cache line");
+} claimant_t;
+_Static_assert(sizeof(claimant_t) == SLOT_ALIGN, "one registry entry per cache line");
+
+enum { PRODUCER, CONSUMER }; /* the two registries, and a thread's two roles */
+#define REGISTRY_SIZE(role) ((role) == PRODUCER ? RQ_MAX_PRODUCERS : RQ_MAX_CONSUMERS)
 
 typedef struct {
     /* Line 0: written once by rq_queue_init, read-only afterwards. */
     uint64_t magic, version, capacity, record_size, slot_size;
-    uint64_t producers_offset, slots_offset, total_bytes;
+    uint64_t producers_offset, consumers_offset, slots_offset, total_bytes;
     uint64_t instance; /* tells two queues apart that a process mapped at one address */
-    char pad0[LINE - 9 * 8];
+    char pad0[LINE - 10 * 8];
     /* Line 1: next position a producer claims; bit 63 is the closed flag. */
     _Atomic uint64_t tail;
     char pad1[LINE - 8];
@@ -104,14 +111,18 @@ typedef struct {
     /* Line 4: the futex word producers sleep on while the queue is full. */
     _Atomic uint32_t push_word;
     char pad4[LINE - 4];
-    /* Line 5: rarely written statistics and the dead-producer watch. */
-    _Atomic uint64_t full_waits, empty_waits, skipped;
+    /* Line 5: rarely written statistics and the dead-producer watch (consumers write it). */
+    _Atomic uint64_t full_waits, empty_waits, skipped, lost;
     _Atomic uint64_t stuck_pos;      /* position + 1 of a slot seen claimed and unpublished */
     _Atomic int64_t stuck_since_ns;  /* when it was first seen (CLOCK_MONOTONIC) */
-    char pad5[LINE - 5 * 8];
+    char pad5[LINE - 6 * 8];
+    /* Line 6: the dead-consumer watch (producers write it, apart from the consumers' line). */
+    _Atomic uint64_t held_pos;       /* position + 1 of a slot seen still holding its record */
+    _Atomic int64_t held_since_ns;   /* when it was first seen (CLOCK_MONOTONIC) */
+    char pad6[LINE - 2 * 8];
 } header_t;
 
-_Static_assert(sizeof(header_t) == 6 * LINE, "header is six separate lines");
+_Static_assert(sizeof(header_t) == 7 * LINE, "header is seven separate lines");
 _Static_assert(offsetof(header_t, tail) == 1 * LINE, "tail on its own line");
 _Static_assert(offsetof(header_t, head) == 2 * LINE, "head on its own line, apart from tail");
 _Static_assert(offsetof(header_t, pop_word) == 3 * LINE, "wait words apart from the indices");
@@ -122,8 +133,8 @@ static inline slot_t *slot_at(header_t *h, uint64_t pos) {
     return (slot_t *)((char *)h + h->slots_offset + (pos % h->capacity) * h->slot_size);
 }
 static inline char *record_of(slot_t *s) { return (char *)s + sizeof(uint64_t); }
-static inline producer_t *producers(header_t *h) {
-    return (producer_t *)((char *)h + h->producers_offset);
+static inline claimant_t *registry(header_t *h, int role) {
+    return (claimant_t *)((char *)h + (role == PRODUCER ? h->producers_offset : h->consumers_offset));
 }
 
 static int64_t now_ns(void) {
@@ -179,20 +190,20 @@ static void wake(_Atomic uint32_t *word) {
         }
 }
 
-/* ---- producer registry (for the dead-producer policy) ---- */
+/* ---- registries of producers and consumers (for the dead-thread policies) ---- */
 
 static _Atomic uint64_t fork_generation;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
 static void after_fork_in_child(void) { atomic_fetch_add(&fork_generation, 1); }
 static void install_atfork(void) { pthread_atfork(NULL, NULL, after_fork_in_child); }
 
-/* Per-thread cache of this thread's entry in recently used queues. A forked child
+/* Per-thread cache of this thread's entries in recently used queues. A forked child
  * starts with its parent thread's cache, so entries remember the fork generation. */
 #define CACHE_WAYS 8
 static _Thread_local struct {
     header_t *queue;
     uint64_t instance, generation;
-    producer_t *entry;
+    claimant_t *entry[2]; /* by role; NULL until the thread first pushes (pops) */
 } cache[CACHE_WAYS];
 static _Thread_local unsigned cache_next;
 
@@ -216,59 +227,74 @@ static bool owner_alive(uint64_t owner) {
     return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
 }
 
-/* True once no position in the entry's intent is both claimed and unpublished. */
-static bool intent_resolved(header_t *h, producer_t *e) {
+/* True once no position in the entry's intent is both claimed and not yet handed on:
+ * for a producer, below tail and unpublished (stamp 2p); for a consumer, below head and
+ * unreleased (stamp 2p + 1, skip bit aside). */
+static bool intent_resolved(header_t *h, claimant_t *e, int role) {
     uint64_t count = atomic_load_explicit(&e->intent_count, memory_order_acquire);
     uint64_t start = atomic_load_explicit(&e->intent_start, memory_order_acquire);
-    uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT;
-    for (uint64_t p = start; p < start + count && p < tail; p++)
-        if (atomic_load_explicit(&slot_at(h, p)->stamp, memory_order_acquire) == 2 * p) return false;
+    uint64_t end = role == PRODUCER
+        ? atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT
+        : atomic_load_explicit(&h->head, memory_order_acquire);
+    for (uint64_t p = start; p < start + count && p < end; p++) {
+        uint64_t stamp = atomic_load_explicit(&slot_at(h, p)->stamp, memory_order_acquire);
+        if (role == PRODUCER ? stamp == 2 * p : (stamp & ~SKIP_BIT) == 2 * p + 1) return false;
+    }
     return true;
 }
 
-static producer_t *register_producer(header_t *h) {
+/* This thread's entry in the queue's registry for `role`, taken on first use; NULL if
+ * RQ_MAX_PRODUCERS (RQ_MAX_CONSUMERS) live threads hold every entry. */
+static claimant_t *register_thread(header_t *h, int role) {
     uint64_t gen = atomic_load_explicit(&fork_generation, memory_order_relaxed);
+    int way = -1;
     for (int i = 0; i < CACHE_WAYS; i++)
-        if (cache[i].queue == h && cache[i].instance == h->instance && cache[i].generation == gen)
-            return cache[i].entry;
+        if (cache[i].queue == h && cache[i].instance == h->instance && cache[i].generation == gen) {
+            if (cache[i].entry[role]) return cache[i].entry[role];
+            way = i; /* the queue is cached, but this thread has not acted in this role yet */
+            break;
+        }
     pthread_once(&atfork_once, install_atfork);
 
     uint64_t me = self_owner();
-    producer_t *table = producers(h), *entry = NULL;
+    claimant_t *table = registry(h, role), *entry = NULL;
     /* An entry of ours from an evicted cache line, else a free one, else a dead one. */
-    for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++)
-        if (atomic_load(&table[i].owner) == me && intent_resolved(h, &table[i])) entry = &table[i];
-    for (int i = 0; i < RQ_MAX_PRODUCERS && !entry; i++) {
+    for (int i = 0; i < REGISTRY_SIZE(role) && !entry; i++)
+        if (atomic_load(&table[i].owner) == me && intent_resolved(h, &table[i], role)) entry = &table[i];
+    for (int i = 0; i < REGISTRY_SIZE(role) && !entry; i++) {
         uint64_t owner = atomic_load(&table[i].owner);
         bool reusable = owner == 0 ||
-            (!owner_alive(owner) && intent_resolved(h, &table[i]));
+            (!owner_alive(owner) && intent_resolved(h, &table[i], role));
         if (reusable && atomic_compare_exchange_strong(&table[i].owner, &owner, me)) {
             atomic_store(&table[i].intent_count, 0);
             entry = &table[i];
         }
     }
     if (!entry) return NULL;
-    unsigned way = cache_next++ % CACHE_WAYS;
-    cache[way].queue = h;
-    cache[way].instance = h->instance;
-    cache[way].generation = gen;
-    cache[way].entry = entry;
+    if (way < 0) {
+        way = (int)(cache_next++ % CACHE_WAYS);
+        cache[way].queue = h;
+        cache[way].instance = h->instance;
+        cache[way].generation = gen;
+        cache[way].entry[PRODUCER] = cache[way].entry[CONSUMER] = NULL;
+    }
+    cache[way].entry[role] = entry;
     return entry;
 }
 
-/* ---- dead producers ---- */
+/* ---- dead producers and dead consumers ---- */
 
 /*
- * The slot at `pos` was claimed (pos < tail) but is still unpublished. Skip it if every
- * registered producer whose intent covers `pos` is dead. The real owner wrote its intent
- * before its claim, and clears it only after publishing, so while it lives one covering
- * entry is alive; entries covering `pos` by a stale intent (a lost claim race) only make
- * us wait longer. The CAS fails if the owner did publish after all.
+ * True if at least one registered thread of `role` has an intent covering `pos`, and
+ * every such thread is dead. The real owner of a claimed position wrote its intent
+ * before its claim and clears it only after handing the slot on (publish or release),
+ * so while it lives one covering entry is alive; entries covering `pos` by a stale
+ * intent (a lost claim race) only make us wait longer.
  */
-static bool skip_if_owner_dead(header_t *h, uint64_t pos) {
-    producer_t *table = producers(h);
+static bool only_dead_owners_cover(header_t *h, int role, uint64_t pos) {
+    claimant_t *table = registry(h, role);
     bool dead_owner = false;
-    for (int i = 0; i < RQ_MAX_PRODUCERS; i++) {
+    for (int i = 0; i < REGISTRY_SIZE(role); i++) {
         uint64_t owner = atomic_load(&table[i].owner);
         if (!owner) continue;
         uint64_t start = atomic_load(&table[i].intent_start);
@@ -277,7 +303,13 @@ static bool skip_if_owner_dead(header_t *h, uint64_t pos) {
         if (owner_alive(owner)) return false;
         dead_owner = true;
     }
-    if (!dead_owner) return false;
+    return dead_owner;
+}
+
+/* The slot at `pos` was claimed (pos < tail) but is still unpublished. Skip it if its
+ * producer is dead. The CAS fails if the owner did publish after all. */
+static bool skip_if_owner_dead(header_t *h, uint64_t pos) {
+    if (!only_dead_owners_cover(h, PRODUCER, pos)) return false;
     uint64_t expected = 2 * pos;
     /* Release: a consumer that acquires the skipped stamp sees a consistent slot. */
     if (!atomic_compare_exchange_strong_explicit(&slot_at(h, pos)->stamp, &expected,
@@ -307,11 +339,59 @@ static void watch_stuck(header_t *h, uint64_t pos) {
     while (pos < tail && skip_if_owner_dead(h, pos)) pos++;
 }
 
+/* The slot at `pos` was claimed by a consumer (pos < head) and still holds its record.
+ * If that consumer is dead, release the slot for the next lap as it would have, and
+ * count the record as lost (a skipped slot held no record). The CAS fails if the slot
+ * was released after all; the stamp's exact value ties it to this lap. */
+static bool release_if_holder_dead(header_t *h, uint64_t pos) {
+    slot_t *s = slot_at(h, pos);
+    /* Relaxed: a guess, checked by the CAS; we read nothing else of the slot. */
+    uint64_t stamp = atomic_load_explicit(&s->stamp, memory_order_relaxed);
+    if ((stamp & ~SKIP_BIT) != 2 * pos + 1) return false;
+    if (!only_dead_owners_cover(h, CONSUMER, pos)) return false;
+    /* Release, as the consumer's own release (pop step 6): pairs with the producer's
+     * acquire of the stamp (push steps 2-3) before it overwrites the slot. */
+    if (!atomic_compare_exchange_strong_explicit(&s->stamp, &stamp, 2 * (pos + h->capacity),
+                                                 memory_order_release, memory_order_relaxed))
+        return false;
+    if (!(stamp & SKIP_BIT)) atomic_fetch_add_explicit(&h->lost, 1, memory_order_relaxed);
+    return true;
+}
+
+/* A producer found the slot of `pos` (one lap behind its tail) still holding a record:
+ * the queue is full there. That is normal while the record waits for a consumer or a
+ * consumer copies it out; only once the same slot has been full for STUCK_NS, ask
+ * whether the consumer that claimed it, if any, is alive. The watch lives on its own
+ * line, and head is read only then, so that a full queue costs the consumers nothing.
+ * Returns true if it released the slot of `pos`. */
+static bool watch_held(header_t *h, uint64_t pos) {
+    int64_t now = now_ns();
+    uint64_t seen = atomic_load_explicit(&h->held_pos, memory_order_relaxed);
+    if (seen != pos + 1) {
+        if (atomic_compare_exchange_strong(&h->held_pos, &seen, pos + 1))
+            atomic_store(&h->held_since_ns, now);
+        return false;
+    }
+    int64_t since = atomic_load(&h->held_since_ns);
+    if (now - since < STUCK_NS) return false;
+    if (!atomic_compare_exchange_strong(&h->held_since_ns, &since, now)) return false; /* one checker */
+    /* Acquire on head pairs with the release CAS of the consumer that claimed pos (pop
+     * step 5): its intent is visible to the registry reads. A dead consumer's claim
+     * covers consecutive positions: release all of them now. */
+    uint64_t head = atomic_load_explicit(&h->head, memory_order_acquire);
+    uint64_t first = pos;
+    while (pos < head && release_if_holder_dead(h, pos)) pos++;
+    if (pos == first) return false;
+    wake(&h->push_word); /* other producers may sleep on the full queue */
+    return true;
+}
+
 /* ---- the queue ---- */
 
 uint64_t rq_queue_bytes(uint64_t capacity, uint64_t record_size) {
     uint64_t slot = round_up(sizeof(uint64_t) + record_size, SLOT_ALIGN);
-    return sizeof(header_t) + RQ_MAX_PRODUCERS * sizeof(producer_t) + capacity * slot;
+    return sizeof(header_t) + (RQ_MAX_PRODUCERS + RQ_MAX_CONSUMERS) * sizeof(claimant_t) +
+           capacity * slot;
 }
 
 int rq_queue_init(void *mem, uint64_t capacity, uint64_t record_size) {
@@ -324,10 +404,12 @@ int rq_queue_init(void *mem, uint64_t capacity, uint64_t record_size) {
     h->record_size = record_size;
     h->slot_size = round_up(sizeof(uint64_t) + record_size, SLOT_ALIGN);
     h->producers_offset = sizeof(header_t);
-    h->slots_offset = h->producers_offset + RQ_MAX_PRODUCERS * sizeof(producer_t);
+    h->consumers_offset = h->producers_offset + RQ_MAX_PRODUCERS * sizeof(claimant_t);
+    h->slots_offset = h->consumers_offset + RQ_MAX_CONSUMERS * sizeof(claimant_t);
     h->total_bytes = rq_queue_bytes(capacity, record_size);
     h->instance = (uint64_t)now_ns() ^ ((uint64_t)getpid() << 40) ^ (uint64_t)(uintptr_t)mem;
-    memset(producers(h), 0, RQ_MAX_PRODUCERS * sizeof(producer_t));
+    memset(registry(h, PRODUCER), 0, RQ_MAX_PRODUCERS * sizeof(claimant_t));
+    memset(registry(h, CONSUMER), 0, RQ_MAX_CONSUMERS * sizeof(claimant_t));
     /* Slot i starts free for position i. */
     for (uint64_t i = 0; i < capacity; i++) atomic_init(&slot_at(h, i)->stamp, 2 * i);
     h->version = VERSION;
@@ -347,7 +429,7 @@ int rq_queue_check(const void *mem, uint64_t mem_bytes, uint64_t capacity, uint6
 }
 
 /* Claim and fill up to n free slots. Returns the count, 0 when full, or an error. */
-static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64_t n) {
+static int64_t try_push(header_t *h, claimant_t *me, const char *records, uint64_t n) {
     uint64_t tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
     uint64_t k;
     for (;;) {
@@ -361,7 +443,11 @@ static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64
         if (k == 0) {
             uint64_t stamp = atomic_load_explicit(&slot_at(h, tail)->stamp, memory_order_acquire)
                              & ~SKIP_BIT;
-            if (stamp < 2 * tail) return 0; /* 2. the slot still holds last lap's record: full */
+            if (stamp < 2 * tail) { /* 2. the slot still holds last lap's record: full, */
+                /* unless its consumer died holding it and the watch just released it */
+                if (tail >= h->capacity && watch_held(h, tail - h->capacity)) continue;
+                return 0;
+            }
             /* 3. the slot is already claimed for this lap: our tail is stale */
             tail = atomic_load_explicit(&h->tail, memory_order_relaxed);
             continue;
@@ -396,7 +482,7 @@ static int64_t try_push(header_t *h, producer_t *me, const char *records, uint64
 /* Take up to n ready slots. Returns the count written to out (skipped records are
  * consumed but not written), 0 when nothing is ready, or RQ_CLOSED when closed and drained.
  * *consumed counts the slots taken, skipped ones included. */
-static int64_t try_pop(header_t *h, char *out, uint64_t n, uint64_t *consumed) {
+static int64_t try_pop(header_t *h, claimant_t *me, char *out, uint64_t n, uint64_t *consumed) {
     uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
     uint64_t k;
     *consumed = 0;
@@ -420,21 +506,31 @@ static int64_t try_pop(header_t *h, char *out, uint64_t n, uint64_t *consumed) {
             watch_stuck(h, head);
             return 0;
         }
-        /* 4. Claim positions [head, head + k). Relaxed: the stamps were acquired in step 1
-         *    and nobody else writes them until we release. */
+        /* 4. Announce the claim before making it (relaxed: the release CAS below
+         *    publishes these stores to whoever acquires head; see watch_held). */
+        atomic_store_explicit(&me->intent_start, head, memory_order_relaxed);
+        atomic_store_explicit(&me->intent_count, k, memory_order_relaxed);
+        TEST_HOOK(RQ_HOOK_TAKING, head);
+        /* 5. Claim positions [head, head + k). The stamps were acquired in step 1, and
+         *    nobody else writes them until we release (or die). Release: see step 4. */
         if (atomic_compare_exchange_weak_explicit(&h->head, &head, head + k,
-                                                  memory_order_relaxed, memory_order_relaxed))
+                                                  memory_order_release, memory_order_relaxed))
             break;
+        /* Lost the race: withdraw the intent (see try_push). */
+        atomic_store_explicit(&me->intent_count, 0, memory_order_relaxed);
     }
-    /* 5. Copy each record out, then free its slot for the next lap. Release: our read of
+    /* 6. Copy each record out, then free its slot for the next lap. Release: our read of
      *    the record happens before a producer's acquire of the stamp and overwrite. */
     uint64_t written = 0;
     for (uint64_t i = 0; i < k; i++) {
         slot_t *s = slot_at(h, head + i);
+        TEST_HOOK(RQ_HOOK_READING, head + i);
         if (!(atomic_load_explicit(&s->stamp, memory_order_relaxed) & SKIP_BIT))
             memcpy(out + written++ * h->record_size, record_of(s), h->record_size);
         atomic_store_explicit(&s->stamp, 2 * (head + i + h->capacity), memory_order_release);
     }
+    /* 7. Done: drop the intent. Release orders it after the releases of the slots. */
+    atomic_store_explicit(&me->intent_count, 0, memory_order_release);
     *consumed = k;
     return (int64_t)written;
 }
@@ -483,10 +579,18 @@ static int64_t deadline_of(int64_t timeout_ns) {
 
 static bool expired(int64_t deadline) { return deadline >= 0 && now_ns() >= deadline; }
 
+/* The end of one sleep: `deadline`, but never more than 2 * STUCK_NS away. A slot whose
+ * owner dies while we sleep (a producer's claim for consumers, a consumer's claim for
+ * producers) is then looked at again by the watches, even if nobody wakes us. */
+static int64_t nap_end(int64_t deadline) {
+    int64_t nap = now_ns() + 2 * STUCK_NS;
+    return deadline >= 0 && deadline < nap ? deadline : nap;
+}
+
 int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) {
     header_t *h = mem;
     if (n == 0) return 0;
-    producer_t *me = register_producer(h);
+    claimant_t *me = register_thread(h, PRODUCER);
     if (!me) return RQ_TOO_MANY_PRODUCERS;
     int64_t deadline = -2, pushed;
     for (int round = 0;; round++) {
@@ -499,7 +603,7 @@ int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) 
         uint32_t value = announce(&h->push_word);
         pushed = try_push(h, me, records, n);
         if (pushed != 0) break;
-        sleep_on(&h->push_word, value, deadline);
+        sleep_on(&h->push_word, value, nap_end(deadline));
         /* Back to the caller after one sleep, so that it can handle signals. */
         pushed = try_push(h, me, records, n);
         break;
@@ -511,10 +615,12 @@ int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) 
 int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
     header_t *h = mem;
     if (n == 0) return 0;
+    claimant_t *me = register_thread(h, CONSUMER);
+    if (!me) return RQ_TOO_MANY_CONSUMERS;
     int64_t deadline = -2, popped;
     uint64_t consumed;
     for (int round = 0;; round++) {
-        popped = try_pop(h, out, n, &consumed);
+        popped = try_pop(h, me, out, n, &consumed);
         if (consumed) wake(&h->push_word);
         if (popped == 0 && consumed) continue; /* only skipped records: look again */
         if (popped != 0 || timeout_ns == 0) break;
@@ -523,19 +629,15 @@ int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
         if (keep_spinning(round)) continue;
         atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
         uint32_t value = announce(&h->pop_word);
-        popped = try_pop(h, out, n, &consumed);
+        popped = try_pop(h, me, out, n, &consumed);
         if (popped != 0 || consumed) {
             if (consumed) wake(&h->push_word);
             if (popped != 0) break;
             continue;
         }
-        /* A slot claimed after our re-check may never be published (its producer may
-         * die): never sleep so long that nobody looks at it again. */
-        int64_t nap_deadline = now_ns() + 2 * STUCK_NS;
-        if (deadline >= 0 && deadline < nap_deadline) nap_deadline = deadline;
-        sleep_on(&h->pop_word, value, nap_deadline);
+        sleep_on(&h->pop_word, value, nap_end(deadline));
         /* Back to the caller after one sleep, so that it can handle signals. */
-        popped = try_pop(h, out, n, &consumed);
+        popped = try_pop(h, me, out, n, &consumed);
         if (consumed) wake(&h->push_word);
         break;
     }
@@ -573,6 +675,7 @@ void rq_stats(const void *mem, rq_stats_t *out) {
     out->full_waits = atomic_load_explicit(&h->full_waits, memory_order_relaxed);
     out->empty_waits = atomic_load_explicit(&h->empty_waits, memory_order_relaxed);
     out->skipped = atomic_load_explicit(&h->skipped, memory_order_relaxed);
+    out->lost = atomic_load_explicit(&h->lost, memory_order_relaxed);
 }
 
 /* ---- counters: one 64-bit cell per LINE; relaxed, as each is a statistic on its own ---- */

@@ -21,8 +21,10 @@
 #define RQ_TOO_MANY_PRODUCERS -2 /* more producer threads than RQ_MAX_PRODUCERS at once */
 #define RQ_BAD_ARGUMENT -3       /* capacity or record size out of range */
 #define RQ_BAD_HEADER -4         /* the region does not hold a queue of this version */
+#define RQ_TOO_MANY_CONSUMERS -5 /* more consumer threads than RQ_MAX_CONSUMERS at once */
 
 #define RQ_MAX_PRODUCERS 256               /* producer threads registered at once */
+#define RQ_MAX_CONSUMERS 256               /* consumer threads registered at once */
 #define RQ_MAX_RECORD_SIZE (16u << 20)     /* 16 MiB per record */
 #define RQ_MAX_CAPACITY (1ull << 32)       /* records per queue */
 
@@ -35,7 +37,8 @@ int rq_queue_check(const void *mem, uint64_t mem_bytes, uint64_t capacity, uint6
  * Move up to n records. timeout_ns: 0 never waits, < 0 waits without limit, > 0 waits
  * at most that long for the first record to fit (push) or arrive (pop).
  * Returns the number of records moved (0: none before the timeout, or the wait was
- * interrupted by a signal), or RQ_CLOSED, or RQ_TOO_MANY_PRODUCERS (push only).
+ * interrupted by a signal), or RQ_CLOSED, or RQ_TOO_MANY_PRODUCERS (push) or
+ * RQ_TOO_MANY_CONSUMERS (pop).
  * rq_pop writes the records it returns contiguously to `out`; records skipped because
  * their producer died (see rq_stats) are not written and not counted.
  */
@@ -49,11 +52,14 @@ int rq_is_closed(const void *mem);
 /* Approximate number of records in the queue (exact when nothing is in flight). */
 uint64_t rq_size(const void *mem);
 
-/* Statistics: waits on full, waits on empty, records skipped after a producer died. */
+/* Statistics: waits on full, waits on empty, slots skipped because their producer died
+ * before publishing, and records lost because their consumer died after claiming them
+ * and before releasing their slots (the queue released the slots for it). */
 typedef struct {
     uint64_t full_waits;
     uint64_t empty_waits;
     uint64_t skipped;
+    uint64_t lost;
 } rq_stats_t;
 void rq_stats(const void *mem, rq_stats_t *out);
 

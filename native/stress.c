@@ -7,12 +7,13 @@
  *   - every record a producer was told it pushed is popped exactly once, and nothing else;
  *   - each consumer sees each producer's records in increasing order;
  *   - no record is torn (each carries a checksum of its own fields);
- *   - the queue is empty and nothing was skipped.
+ *   - the queue is empty and nothing was skipped or lost.
  *
- * Before the rounds, a few scenarios of the dead-producer policy run with threads that
- * stop or end inside rq_push (through the RQ_TEST_HOOKS points of rq.c): a producer thread
- * that ends between its claim and its publication stands for a producer process killed
- * there.
+ * Before the rounds, a few scenarios of the dead-producer and dead-consumer policies run
+ * with threads that stop or end inside rq_push or rq_pop (through the RQ_TEST_HOOKS
+ * points of rq.c): a producer thread that ends between its claim and its publication
+ * stands for a producer process killed there, and a consumer thread that ends between
+ * its claim and the release of its slots for a consumer process killed there.
  *
  * rq.c is included directly, so its static functions are compiled with the same flags
  * (the `tsan` target builds this file with -fsanitize=thread).
@@ -154,16 +155,17 @@ static void *consumer_main(void *arg) {
     return NULL;
 }
 
-/* ---- dead-producer scenarios ---- */
+/* ---- dead-producer and dead-consumer scenarios ---- */
 
-/* What a producer thread does at the hook points of rq_push; set per thread. */
+/* What a thread does at the hook points of rq_push (claim: CAS on tail; copy: write a
+ * record) or rq_pop (claim: CAS on head; copy: read a record out); set per thread. */
 typedef struct {
-    int die_after_writes;   /* >= 0: end the thread once it has written this many records */
-    int writes;             /* records this thread started writing so far */
+    int die_after_copies;   /* >= 0: end the thread once it has copied this many records */
+    int copies;             /* records this thread started copying so far */
     _Atomic int *at_claim;  /* pause before the first claim: set this, ... */
     _Atomic int *go_claim;  /* ... then wait for this */
-    _Atomic int *at_write;  /* pause before writing the first record: set this, ... */
-    _Atomic int *go_write;  /* ... then wait for this */
+    _Atomic int *at_copy;   /* pause before copying the first record: set this, ... */
+    _Atomic int *go_copy;   /* ... then wait for this */
 } plan_t;
 
 static _Thread_local plan_t *plan;
@@ -175,20 +177,20 @@ static void wait_flag(_Atomic int *flag) {
 void rq_test_hook(int point, uint64_t pos) {
     (void)pos;
     if (!plan) return;
-    if (point == RQ_HOOK_CLAIMING && plan->at_claim) {
+    if ((point == RQ_HOOK_CLAIMING || point == RQ_HOOK_TAKING) && plan->at_claim) {
         _Atomic int *at = plan->at_claim;
         plan->at_claim = NULL; /* only the first claim */
         atomic_store(at, 1);
         wait_flag(plan->go_claim);
     }
-    if (point == RQ_HOOK_WRITING) {
-        if (plan->at_write) {
-            _Atomic int *at = plan->at_write;
-            plan->at_write = NULL;
+    if (point == RQ_HOOK_WRITING || point == RQ_HOOK_READING) {
+        if (plan->at_copy) {
+            _Atomic int *at = plan->at_copy;
+            plan->at_copy = NULL;
             atomic_store(at, 1);
-            wait_flag(plan->go_write);
+            wait_flag(plan->go_copy);
         }
-        if (plan->writes++ == plan->die_after_writes) pthread_exit(NULL); /* dies holding its claim */
+        if (plan->copies++ == plan->die_after_copies) pthread_exit(NULL); /* dies holding its claim */
     }
 }
 
@@ -214,7 +216,45 @@ static void *pusher_main(void *arg) {
 
 static pusher_t pusher(void *q, uint64_t first, uint64_t n, int64_t timeout_ns) {
     return (pusher_t){.queue = q, .first = first, .n = n, .timeout_ns = timeout_ns,
-                      .plan = {.die_after_writes = -1}};
+                      .plan = {.die_after_copies = -1}};
+}
+
+typedef struct {
+    void *queue;
+    plan_t plan;
+    uint64_t n;            /* pop up to n records, calling again while none came ... */
+    int64_t timeout_ns;    /* ... until this has passed (one call when it is 0) */
+    int64_t result;
+    _Atomic int returned;  /* set once rq_pop has returned */
+    record_t out[MAX_BATCH];
+    _Atomic int *finish;   /* if set, stay alive (after popping) until it is set */
+} popper_t;
+
+static void *popper_main(void *arg) {
+    popper_t *p = arg;
+    plan = &p->plan;
+    int64_t deadline = now_ns() + p->timeout_ns;
+    do p->result = rq_pop(p->queue, p->out, p->n, p->timeout_ns);
+    while (p->result == 0 && now_ns() < deadline);
+    atomic_store(&p->returned, 1);
+    plan = NULL;
+    if (p->finish) wait_flag(p->finish);
+    return NULL;
+}
+
+static popper_t popper(void *q, uint64_t n, int64_t timeout_ns) {
+    return (popper_t){.queue = q, .n = n, .timeout_ns = timeout_ns, .plan = {.die_after_copies = -1}};
+}
+
+/* Push records (0, first) .. (0, first + n - 1) from this thread, calling again while
+ * nothing moved and `limit_ns` has not passed (one call when it is 0). */
+static int64_t push_records(void *q, uint64_t first, uint64_t n, int64_t limit_ns) {
+    record_t batch[MAX_BATCH];
+    for (uint64_t i = 0; i < n; i++) fill(&batch[i], 0, first + i);
+    int64_t deadline = now_ns() + limit_ns, pushed;
+    do pushed = rq_push(q, batch, n, limit_ns);
+    while (pushed == 0 && now_ns() < deadline);
+    return pushed;
 }
 
 /* Pop with short waits until a record arrives, RQ_CLOSED, or `limit_ns` passes.
@@ -259,7 +299,7 @@ static int dead_in_batch(void) {
     int errors = 0;
     void *q = new_queue(4);
     pusher_t b = pusher(q, 0, 3, 0);
-    b.plan.die_after_writes = 1;
+    b.plan.die_after_copies = 1;
     pthread_t t;
     pthread_create(&t, NULL, pusher_main, &b);
     pthread_join(t, NULL);
@@ -290,8 +330,8 @@ static int live_slow_producer(void) {
     void *q = new_queue(2);
     _Atomic int at_write = 0, go_write = 0;
     pusher_t b = pusher(q, 0, 1, 0);
-    b.plan.at_write = &at_write;
-    b.plan.go_write = &go_write;
+    b.plan.at_copy = &at_write;
+    b.plan.go_copy = &go_write;
     pthread_t t;
     pthread_create(&t, NULL, pusher_main, &b);
     wait_flag(&at_write);
@@ -324,7 +364,7 @@ static int lost_race_then_owner_died(bool close_queue) {
     a.plan.at_claim = &at_claim;
     a.plan.go_claim = &go_claim;
     a.finish = &finish;
-    b.plan.die_after_writes = 0;
+    b.plan.die_after_copies = 0;
     pthread_t ta, tb;
     pthread_create(&ta, NULL, pusher_main, &a);
     wait_flag(&at_claim);               /* A has announced position 0 and not claimed it */
@@ -372,6 +412,152 @@ static int dead_producer_scenarios(void) {
     int errors = dead_in_batch() + live_slow_producer() + lost_race_then_owner_died(false) +
                  lost_race_then_owner_died(true);
     printf("dead-producer scenarios: %s\n", errors ? "FAILED" : "ok");
+    return errors;
+}
+
+/* Pop exactly `n` records from this thread within two seconds and check that they are
+ * (0, first) .. (0, first + n - 1). */
+static bool pop_exactly(void *q, uint64_t first, uint64_t n) {
+    uint64_t seq;
+    for (uint64_t i = 0; i < n; i++)
+        if (pop_within(q, 2000000000, &seq) != 1 || seq != first + i) return false;
+    return true;
+}
+
+/* A consumer that ends after reading the first record of a claim of three: the first
+ * record is its own (gone with it), the other two slots stay held until a producer that
+ * finds the queue full there releases them and counts those two records as lost. */
+static int dead_consumer_in_batch(void) {
+    const char *name = "a consumer dying inside a batch";
+    int errors = 0;
+    void *q = new_queue(4);
+    EXPECT(push_records(q, 0, 3, 0) == 3, "could not fill the queue");
+    popper_t c = popper(q, 3, 0);
+    c.plan.die_after_copies = 1;
+    pthread_t t;
+    pthread_create(&t, NULL, popper_main, &c);
+    pthread_join(t, NULL);
+    EXPECT(push_records(q, 3, 2, 0) == 2, "the slots before the held ones were not free");
+    int64_t started = now_ns();
+    int64_t pushed = push_records(q, 5, 1, 2000000000);
+    EXPECT(pushed == 1, "a producer stayed wedged behind the dead consumer's slots (%" PRId64 ")", pushed);
+    EXPECT(now_ns() - started >= STUCK_NS, "the held slot was released before its owner was checked");
+    EXPECT(push_records(q, 6, 1, 0) == 1, "the second held slot was not released with the first");
+    EXPECT(pop_exactly(q, 3, 4), "the records after the dead claim did not come out in order");
+    rq_stats_t st;
+    rq_stats(q, &st);
+    EXPECT(st.lost == 2 && st.skipped == 0, "lost %" PRIu64 ", skipped %" PRIu64 ", expected 2 and 0",
+           st.lost, st.skipped);
+done:
+    free(q);
+    return errors;
+}
+
+/* A consumer that is alive but slow to copy its record out is waited for, however long
+ * it takes: its slot is never released under it. */
+static int live_slow_consumer(void) {
+    const char *name = "a live consumer slow to release";
+    int errors = 0;
+    void *q = new_queue(1);
+    _Atomic int at_read = 0, go_read = 0;
+    EXPECT(push_records(q, 0, 1, 0) == 1, "could not fill the queue");
+    popper_t c = popper(q, 1, 0);
+    c.plan.at_copy = &at_read;
+    c.plan.go_copy = &go_read;
+    pthread_t t;
+    pthread_create(&t, NULL, popper_main, &c);
+    wait_flag(&at_read);
+    int64_t pushed = push_records(q, 1, 1, 10 * STUCK_NS);
+    atomic_store(&go_read, 1);
+    pthread_join(t, NULL);
+    EXPECT(pushed == 0, "push returned %" PRId64 " while the only slot was being read", pushed);
+    EXPECT(c.result == 1 && c.out[0].seq == 0 && intact(&c.out[0]), "the slow consumer lost its record");
+    EXPECT(push_records(q, 1, 1, 1000000000) == 1, "push after the slow read did not go through");
+    EXPECT(pop_exactly(q, 1, 1), "the next record did not come out");
+    rq_stats_t st;
+    rq_stats(q, &st);
+    EXPECT(st.lost == 0, "a live consumer's record was counted lost");
+done:
+    atomic_store(&go_read, 1);
+    free(q);
+    return errors;
+}
+
+/*
+ * Consumer A announces its intent for position 0, then loses the claim to consumer B,
+ * which ends before reading it. A finds the queue empty and returns; it stays alive. The
+ * slot must still be released for the next lap: A owns nothing there.
+ */
+static int consumer_lost_race_then_owner_died(void) {
+    const char *name = "a consumer that lost a claim to one that died";
+    int errors = 0;
+    void *q = new_queue(1);
+    _Atomic int at_claim = 0, go_claim = 0, finish = 0;
+    popper_t a = popper(q, 1, 0), b = popper(q, 1, 0);
+    a.plan.at_claim = &at_claim;
+    a.plan.go_claim = &go_claim;
+    a.finish = &finish;
+    b.plan.die_after_copies = 0;
+    pthread_t ta, tb;
+    EXPECT(push_records(q, 0, 1, 0) == 1, "could not fill the queue");
+    pthread_create(&ta, NULL, popper_main, &a);
+    wait_flag(&at_claim);               /* A has announced position 0 and not claimed it */
+    pthread_create(&tb, NULL, popper_main, &b);
+    pthread_join(tb, NULL);             /* B claimed position 0 and ended there */
+    atomic_store(&go_claim, 1);         /* A's claim fails; it finds the queue empty */
+    wait_flag(&a.returned);
+    EXPECT(push_records(q, 1, 1, 2000000000) == 1, "the dead consumer's slot was not released");
+    EXPECT(pop_exactly(q, 1, 1), "the record after the release did not come out");
+    rq_stats_t st;
+    rq_stats(q, &st);
+    EXPECT(st.lost == 1, "lost %" PRIu64 ", expected 1", st.lost);
+done:
+    atomic_store(&go_claim, 1);
+    atomic_store(&finish, 1);
+    pthread_join(ta, NULL);
+    if (!errors && a.result != 0) {
+        fprintf(stderr, "%s: A's pop returned %" PRId64 "\n", name, a.result);
+        errors++;
+    }
+    free(q);
+    return errors;
+}
+
+/* A consumer that dies holding a slot skipped after its producer died: the slot is
+ * released, and counted as skipped, not lost (it held no record). */
+static int dead_consumer_holding_a_skipped_slot(void) {
+    const char *name = "a consumer dying on a skipped slot";
+    int errors = 0;
+    void *q = new_queue(2);
+    pusher_t p = pusher(q, 0, 2, 0);
+    p.plan.die_after_copies = 1;        /* publishes position 0, dies holding position 1 */
+    popper_t c = popper(q, 1, 2000000000);
+    c.plan.die_after_copies = 0;        /* claims the skipped position 1, dies there */
+    pthread_t t;
+    pthread_create(&t, NULL, pusher_main, &p);
+    pthread_join(t, NULL);
+    EXPECT(pop_exactly(q, 0, 1), "the published record did not come out");
+    pthread_create(&t, NULL, popper_main, &c);
+    pthread_join(t, NULL);
+    rq_stats_t st;
+    rq_stats(q, &st);
+    EXPECT(st.skipped == 1 && rq_size(q) == 0, "the dead producer's slot was not skipped and "
+           "claimed (skipped %" PRIu64 ", size %" PRIu64 ")", st.skipped, rq_size(q));
+    EXPECT(push_records(q, 2, 1, 0) == 1, "the slot before the held one was not free");
+    EXPECT(push_records(q, 3, 1, 2000000000) == 1, "the slot held by the dead consumer was not released");
+    EXPECT(pop_exactly(q, 2, 2), "the records after the release did not come out");
+    rq_stats(q, &st);
+    EXPECT(st.lost == 0 && st.skipped == 1, "lost %" PRIu64 ", skipped %" PRIu64 ", expected 0 and 1",
+           st.lost, st.skipped);
+done:
+    free(q);
+    return errors;
+}
+
+static int dead_consumer_scenarios(void) {
+    int errors = dead_consumer_in_batch() + live_slow_consumer() +
+                 consumer_lost_race_then_owner_died() + dead_consumer_holding_a_skipped_slot();
+    printf("dead-consumer scenarios: %s\n", errors ? "FAILED" : "ok");
     return errors;
 }
 
@@ -482,9 +668,9 @@ static int run_round(int round, round_t config, uint64_t producers, uint64_t con
     }
     rq_stats_t stats;
     rq_stats(q, &stats);
-    if (rq_size(q) != 0 || stats.skipped != 0 || popped != expected) {
-        fprintf(stderr, "round %d: size %" PRIu64 ", skipped %" PRIu64 ", popped %" PRIu64
-                " of %" PRIu64 "\n", round, rq_size(q), stats.skipped, popped, expected);
+    if (rq_size(q) != 0 || stats.skipped != 0 || stats.lost != 0 || popped != expected) {
+        fprintf(stderr, "round %d: size %" PRIu64 ", skipped %" PRIu64 ", lost %" PRIu64 ", popped %"
+                PRIu64 " of %" PRIu64 "\n", round, rq_size(q), stats.skipped, stats.lost, popped, expected);
         errors++;
     }
     /* Closed and drained: both sides say so. */
@@ -533,7 +719,7 @@ int main(int argc, char **argv) {
         {3, false, false}, {2, true, true}, {64, false, false}, {5, false, true},
     };
     const uint64_t kinds = sizeof rounds_table / sizeof *rounds_table;
-    int errors = dead_producer_scenarios();
+    int errors = dead_producer_scenarios() + dead_consumer_scenarios();
     for (uint64_t round = 0; round < rounds; round++)
         errors += run_round((int)round, rounds_table[round % kinds], producers, consumers, items);
     if (errors) {

@@ -15,6 +15,7 @@ __all__ = ["ArrayQueue", "Closed", "MAX_CAPACITY", "MAX_RECORD_BYTES"]
 MAX_CAPACITY = lib.RQ_MAX_CAPACITY
 MAX_RECORD_BYTES = lib.RQ_MAX_RECORD_SIZE
 MAX_PRODUCERS = lib.RQ_MAX_PRODUCERS
+MAX_CONSUMERS = lib.RQ_MAX_CONSUMERS
 
 # Blocking calls wait in the kernel for at most this long per C call, then come back to
 # Python, so that Ctrl-C and other signals are handled while a thread waits.
@@ -136,12 +137,18 @@ class ArrayQueue:
         return lib.rq_size(self._q) >= self._capacity
 
     def stats(self) -> dict[str, int]:
-        """Waits on a full and on an empty queue, and records skipped because the
-        producer that claimed their slot died before writing them."""
+        """Counts since the queue was created, over every process that uses it:
+
+        - ``full_waits``, ``empty_waits``: calls that had to wait for room, or for an item;
+        - ``skipped``: slots given up because the producer that claimed them died (for
+          example killed) before writing its record; no record was in them;
+        - ``lost``: records taken by a consumer that died before its get returned: the
+          queue freed their slots for the producers, and nobody received them.
+        """
         out = ffi.new("rq_stats_t *")
         lib.rq_stats(self._q, out)
         return {"full_waits": out.full_waits, "empty_waits": out.empty_waits,
-                "skipped": out.skipped}
+                "skipped": out.skipped, "lost": out.lost}
 
     # ---- one item ---------------------------------------------------------------------
 
@@ -297,6 +304,11 @@ class ArrayQueue:
             return RuntimeError(
                 f"more than {MAX_PRODUCERS} threads are putting into this queue at once; "
                 "use fewer producer threads or processes"
+            )
+        if code == lib.RQ_TOO_MANY_CONSUMERS:
+            return RuntimeError(
+                f"more than {MAX_CONSUMERS} threads are getting from this queue at once; "
+                "use fewer consumer threads or processes"
             )
         return RuntimeError(f"queue error {code}")
 

@@ -1,9 +1,9 @@
 """The C stress test of the queue (native/stress.c), built and run through native/Makefile:
 an optimised build with large counts, and a ThreadSanitizer build with small ones.
 
-Each run first plays the dead-producer scenarios (producer threads that stop or end
-inside a push), then rounds of producers and consumers over small queues, and checks
-that every record arrives exactly once and in each producer's order.
+Each run first plays the dead-producer and dead-consumer scenarios (threads that stop
+or end inside a push or a pop), then rounds of producers and consumers over small
+queues, and checks that every record arrives exactly once and in each producer's order.
 """
 import os
 import shutil
@@ -53,7 +53,8 @@ def test_native_stress_every_record_exactly_once_in_producer_order(items, rounds
     code, output = run(build("stress"), items, rounds, producers, consumers)
     assert code == 0, output
     assert "dead-producer scenarios: ok" in output
-    assert output.count(": ok") == rounds + 1, output
+    assert "dead-consumer scenarios: ok" in output
+    assert output.count(": ok") == rounds + 2, output
     assert output.rstrip().endswith("OK"), output
 
 
@@ -69,4 +70,5 @@ def test_native_stress_under_thread_sanitizer_reports_no_race():
     assert "WARNING: ThreadSanitizer" not in output, output
     assert code == 0, output
     assert "dead-producer scenarios: ok" in output
+    assert "dead-consumer scenarios: ok" in output
     assert output.rstrip().endswith("OK"), output

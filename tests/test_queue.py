@@ -733,13 +733,14 @@ def test_more_producer_threads_than_the_limit_get_a_clear_error_and_finished_one
 
 def test_stats_count_waits_on_full_and_on_empty_and_nothing_else():
     q = ArrayQueue(1, "i8")
-    assert q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0}
+    assert q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0, "lost": 0}
     with pytest.raises(queue.Empty):
         q.get_nowait()
     q.put(1)
     with pytest.raises(queue.Full):
         q.put_nowait(2)
-    assert q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0}, "a call that did not wait counted"
+    assert q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0, "lost": 0}, \
+        "a call that did not wait counted"
     with pytest.raises(queue.Full):
         q.put(2, timeout=0.1)
     assert q.stats()["full_waits"] >= 1 and q.stats()["empty_waits"] == 0
