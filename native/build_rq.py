@@ -62,11 +62,48 @@ RQPY_MOVE(rqpy_pop, rq_pop, void *)
 #define Py_END_ALLOW_THREADS }
 """
 
+# The replay buffers (rb.h, rb.c), declared the same way. rb_sample may wait, so Python
+# reaches it only through rbpy_sample (RB_GLUE), like rq_push and rq_pop.
+ffibuilder.cdef(
+    "\n".join(
+        line
+        for line in (HERE / "rb.h").read_text().splitlines()
+        # (rb_sample's declaration is kept on one line for this filter)
+        if not line.startswith(("#", "int64_t rb_sample("))
+    )
+    + """
+    #define RB_OK ...
+    #define RB_BAD_ARGUMENT ...
+    #define RB_BAD_HEADER ...
+    #define RB_MAX_CAPACITY ...
+    #define RB_MAX_RECORD_SIZE ...
+    #define RB_MAX_TIMES_SAMPLED ...
+    int64_t rbpy_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions,
+                        double *probabilities, uint64_t n, uint64_t recent, int64_t timeout_ns);
+    """
+)
+
+# Placed before GLUE, which redefines the GIL macros: first a try with the GIL held, then
+# the GIL is released only to wait.
+RB_GLUE = """
+#include "rb.h"
+
+static int64_t rbpy_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions,
+                           double *probabilities, uint64_t n, uint64_t recent, int64_t timeout_ns) {
+    int64_t got = rb_sample(mem, rng, out, positions, probabilities, n, recent, 0);
+    if (got != 0 || timeout_ns == 0) return got;
+    Py_BEGIN_ALLOW_THREADS
+    got = rb_sample(mem, rng, out, positions, probabilities, n, recent, timeout_ns);
+    Py_END_ALLOW_THREADS
+    return got;
+}
+"""
+
 ffibuilder.set_source(
     "replay._rq",
-    GLUE,
+    RB_GLUE + GLUE,
     # Relative to the project root, where the package build runs this script.
-    sources=["native/rq.c"],
+    sources=["native/rq.c", "native/rb.c"],
     include_dirs=["native"],
     extra_compile_args=["-std=c11", "-O2", "-Wall", "-Wextra"],
 )

@@ -18,6 +18,7 @@
  */
 #define _GNU_SOURCE
 #include "rq.h"
+#include "atomic64.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -725,14 +726,9 @@ void rq_counter_set_int(void *mem, uint64_t i, int64_t value) {
 static inline uint64_t bits_of(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
 static inline double double_of(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
 
+/* The CAS loop of atomic64.h, which rb.c's sum tree shares. */
 void rq_counter_add_float(void *mem, uint64_t i, double value) {
-    _Atomic uint64_t *v = &cell(mem, i)->value;
-    uint64_t old = atomic_load_explicit(v, memory_order_relaxed);
-    /* There is no atomic add for doubles: retry until nobody changed the cell between
-     * our read and our write. A failed CAS reloads `old`. */
-    while (!atomic_compare_exchange_weak_explicit(v, &old, bits_of(double_of(old) + value),
-                                                  memory_order_relaxed, memory_order_relaxed))
-        ;
+    atomic_add_f64(&cell(mem, i)->value, value);
 }
 
 void rq_counter_set_float(void *mem, uint64_t i, double value) {

@@ -1,5 +1,6 @@
-"""replay: a lock-free bounded queue of numpy records, and atomic counters, in shared
-memory, for threads and processes. Needs only numpy and cffi.
+"""replay: a lock-free bounded queue of numpy records, replay buffers that sample them
+(uniform and prioritized), and atomic counters, in shared memory, for threads and
+processes. Needs only numpy and cffi.
 
     >>> import numpy as np
     >>> from replay import ArrayQueue
@@ -11,6 +12,7 @@ memory, for threads and processes. Needs only numpy and cffi.
 from queue import Empty, Full
 
 from ._shm import remove_stale_segments
+from .buffer import PrioritizedReplayBuffer, PrioritizedSample, ReplayBuffer
 from .counters import Counters
 from .queue import MAX_CAPACITY, MAX_RECORD_BYTES, ArrayQueue, Closed
 
@@ -22,5 +24,8 @@ __all__ = [
     "Full",
     "MAX_CAPACITY",
     "MAX_RECORD_BYTES",
+    "PrioritizedReplayBuffer",
+    "PrioritizedSample",
+    "ReplayBuffer",
     "remove_stale_segments",
 ]
