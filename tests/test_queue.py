@@ -728,6 +728,33 @@ def test_more_producer_threads_than_the_limit_get_a_clear_error_and_finished_one
     q.close()
 
 
+def test_more_consumer_threads_than_the_limit_get_a_clear_error_and_finished_ones_free_their_entry():
+    limit = replay.queue.MAX_CONSUMERS
+    q = ArrayQueue(limit + 8, "i8")
+    q.put_many(np.arange(limit + 2))
+    release = threading.Event()
+    got = []
+
+    def get_then_wait():
+        got.append(int(q.get()))
+        release.wait(JOIN_S)
+
+    consumers = [Worker(get_then_wait) for _ in range(limit)]
+    try:
+        wait_until(lambda: len(got) == limit, what="every consumer thread to get")
+        with pytest.raises(RuntimeError, match=f"more than {limit} threads are getting"):
+            q.get()
+        assert len(q) == 2
+    finally:
+        release.set()
+        for c in consumers:
+            c.finish()
+    assert all(c.error is None for c in consumers)
+    got += q.get_many(2).tolist()  # the entries of threads that ended are taken over
+    assert sorted(got) == list(range(limit + 2))
+    q.close()
+
+
 # ---- statistics and the cost of waiting ---------------------------------------------
 
 
