@@ -168,7 +168,7 @@ class ArrayQueue:
             return
         if moved < 0:
             raise self._error(moved)
-        if not (block and self._move(_push, record, 1, block, timeout)):
+        if not (block and self._move(_push, record, 1, block, _deadline(timeout))):
             raise queue.Full
 
     def put_nowait(self, item) -> None:
@@ -191,7 +191,7 @@ class ArrayQueue:
             return out[0]
         if moved < 0:
             raise self._error(moved)
-        if not (block and self._move(_pop, buffer, 1, block, timeout)):
+        if not (block and self._move(_pop, buffer, 1, block, _deadline(timeout))):
             raise queue.Empty
         return out[0]
 
@@ -222,8 +222,7 @@ class ArrayQueue:
             done = moved
             deadline = _deadline(timeout) if done < n else None
             while done < n:
-                left = None if deadline is None else max(deadline - time.monotonic(), 1e-9)
-                moved = self._move(_push, base + done * size, n - done, block, left)
+                moved = self._move(_push, base + done * size, n - done, block, deadline)
                 if moved == 0:
                     break  # block=False, or the timeout ran out
                 done += moved
@@ -255,7 +254,7 @@ class ArrayQueue:
         if n < 0:
             raise self._error(n)
         if n == 0 and block:
-            n = self._move(_pop, buffer, max_items, block, timeout)
+            n = self._move(_pop, buffer, max_items, block, _deadline(timeout))
         if n == 0:
             raise queue.Empty
         return out[:n]
@@ -281,13 +280,13 @@ class ArrayQueue:
 
     # ---- internals --------------------------------------------------------------------
 
-    def _move(self, fn, buffer, n: int, block: bool, timeout: float | None) -> int:
-        """Call rq_push/rq_pop, waiting in slices until something moved or time is up.
-        Returns the count moved (0: nothing before the timeout)."""
+    def _move(self, fn, buffer, n: int, block: bool, deadline: float | None) -> int:
+        """Call rq_push/rq_pop, waiting in slices until something moved or `deadline` (a
+        time.monotonic() value; None for no limit) has passed; at least one call is made.
+        Returns the count moved (0: nothing before the deadline)."""
         if not block:
             moved = fn(self._q, buffer, n, 0)
         else:
-            deadline = _deadline(timeout)
             while True:
                 moved = fn(self._q, buffer, n, _WAIT_SLICE_NS if deadline is None else
                            min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9))))

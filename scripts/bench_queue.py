@@ -2,11 +2,12 @@
 
 Usage (from the project root, in the project's environment):
 
-    python scripts/bench_queue.py                 # full run: every cell, 3 repeats (~2.5-4 min)
+    python scripts/bench_queue.py                 # full run: every cell, 3 repeats (~3-5 min)
     python scripts/bench_queue.py --quick         # smoke run: small counts, 1 repeat
     python scripts/bench_queue.py --repeats 5     # more repeats; the median is reported
     python scripts/bench_queue.py --only 'procs'  # cells whose name matches a regex
     python scripts/bench_queue.py --only '64B/1P1C/item'
+    python scripts/bench_queue.py --only timeout  # the cost of a timeout on put/get
     python scripts/bench_queue.py --profile       # where the time goes, per-item get/put
 
 Cells are named SIZE/TOPOLOGY/MODE/IMPL, e.g. ``64B/4P2C/batch/ArrayQueue:procs``; the
@@ -20,6 +21,8 @@ What is measured
       - ArrayQueue:threads   replay.ArrayQueue, producer and consumer threads
       - queue.Queue:threads  queue.Queue(maxsize=capacity), threads, the np.void record
       - ArrayQueue:procs     replay.ArrayQueue, processes ('fork')
+      - ArrayQueue+timeout:procs  the same, with every put/get (put_many/get_many)
+                             given timeout=30, to show what a timeout costs
       - mp.Queue:procs       multiprocessing.Queue(maxsize=capacity), processes, the
                              record as a bytes object (pickled by the queue)
       - faster_fifo:procs    faster_fifo.Queue(100 MB buffer), processes, the record as
@@ -88,8 +91,8 @@ JOIN_TIMEOUT_S = 180.0
 SIZES = (64, 1024)
 TOPOLOGIES = ((1, 1), (4, 2))
 MODES = ("item", "batch")
-IMPLS = ("ArrayQueue:threads", "queue.Queue:threads", "ArrayQueue:procs", "mp.Queue:procs",
-         "faster_fifo:procs")
+IMPLS = ("ArrayQueue:threads", "queue.Queue:threads", "ArrayQueue:procs", "ArrayQueue+timeout:procs",
+         "mp.Queue:procs", "faster_fifo:procs")
 NO_BATCH = {"queue.Queue:threads", "mp.Queue:procs"}
 
 # Records moved per cell (all producers together), chosen from rates measured on a 2-core
@@ -105,6 +108,10 @@ COUNTS = {
     ("ArrayQueue:procs", "item", 1024): 800_000,
     ("ArrayQueue:procs", "batch", 64): 25_000_000,
     ("ArrayQueue:procs", "batch", 1024): 10_000_000,
+    ("ArrayQueue+timeout:procs", "item", 64): 800_000,
+    ("ArrayQueue+timeout:procs", "item", 1024): 800_000,
+    ("ArrayQueue+timeout:procs", "batch", 64): 25_000_000,
+    ("ArrayQueue+timeout:procs", "batch", 1024): 10_000_000,
     ("mp.Queue:procs", "item", 64): 150_000,
     ("mp.Queue:procs", "item", 1024): 150_000,
     ("faster_fifo:procs", "item", 64): 200_000,
@@ -176,6 +183,46 @@ class AQ:
     @staticmethod
     def finish(q, consumers):
         q.close()
+
+
+class AQTimeout(AQ):
+    """replay.ArrayQueue with a timeout on every call, far longer than any wait here."""
+
+    TIMEOUT_S = 30.0
+
+    @staticmethod
+    def produce_item(q, n, item):
+        put, timeout = q.put, AQTimeout.TIMEOUT_S
+        for _ in range(n):
+            put(item, timeout=timeout)
+
+    @staticmethod
+    def produce_batch(q, n_batches, block):
+        put_many, timeout = q.put_many, AQTimeout.TIMEOUT_S
+        for _ in range(n_batches):
+            put_many(block, timeout=timeout)
+
+    @staticmethod
+    def consume_item(q, dtype):
+        get, timeout = q.get, AQTimeout.TIMEOUT_S
+        n = 0
+        try:
+            while True:
+                get(timeout=timeout)
+                n += 1
+        except Closed:
+            return n
+
+    @staticmethod
+    def consume_batch(q, dtype):
+        get_many, timeout = q.get_many, AQTimeout.TIMEOUT_S
+        out = np.empty(BATCH, dtype)
+        n = 0
+        try:
+            while True:
+                n += len(get_many(BATCH, timeout=timeout, out=out))
+        except Closed:
+            return n
 
 
 class SentinelQueue:
@@ -287,6 +334,7 @@ IMPL_CLASS = {
     "ArrayQueue:threads": AQ,
     "queue.Queue:threads": StdQueue,
     "ArrayQueue:procs": AQ,
+    "ArrayQueue+timeout:procs": AQTimeout,
     "mp.Queue:procs": MPQueue,
     "faster_fifo:procs": FFQueue,
 }
@@ -624,6 +672,7 @@ def profile(n_items: int) -> None:
          "q_k": q_k, "item_k": np.zeros(1, dtype_k)[0], "std": std}
     rows = [
         ("q.put(item); q.get()  (whole round trip)", "q.put(item); q.get()"),
+        ("the same with timeout=30 on both", "q.put(item, timeout=30.0); q.get(timeout=30.0)"),
         ("C only: rqpy_push + rqpy_pop", "lib.rqpy_push(qq, ibuf, 1, 0); lib.rqpy_pop(qq, obuf, 1, 0)"),
         ("get: np.empty(1, dtype)", "np.empty(1, dtype)"),
         ("get: ffi.from_buffer(out)", "ffi.from_buffer(arr)"),
@@ -642,6 +691,7 @@ def profile(n_items: int) -> None:
     whole, c_only = cost[rows[0][0]], cost[rows[1][0]]
     print(f"  -> the C calls are {c_only / whole:.0%} of a put+get round trip; the Python layer "
           f"(argument checks, numpy allocation, buffer export, call overhead) is the rest.")
+    print(f"  -> a timeout makes a round trip {cost[rows[1][0]] / whole:.2f}x as long as none.")
     q.close()
     q_k.close()
 
@@ -723,7 +773,7 @@ def main() -> int:
     results = {}  # name -> (median items/s, spread, size, median cores busy)
     for name, impl, mode, size, producers, consumers in cells(args.only):
         if not available(impl):
-            print(f"{name:40s} skipped: faster_fifo is not importable", flush=True)
+            print(f"{name:46s} skipped: faster_fifo is not importable", flush=True)
             continue
         n = COUNTS[(impl, mode, size)] // divisor
         runs = []
@@ -731,7 +781,7 @@ def main() -> int:
             for _ in range(repeats):
                 runs.append(run_cell(impl, mode, size, producers, consumers, n))
         except Exception as error:  # report and go on with the other cells
-            print(f"{name:40s} ERROR: {error}", flush=True)
+            print(f"{name:46s} ERROR: {error}", flush=True)
             continue
         rates = [r.records / r.seconds for r in runs]
         median = statistics.median(rates)
@@ -742,7 +792,7 @@ def main() -> int:
         if runs[-1].stats:
             st = runs[-1].stats
             waits = f", last run waits full/empty {st['full_waits']}/{st['empty_waits']}"
-        print(f"{name:40s} {fmt_rate(median):>9s} items/s {median * size / 1e6:7.0f} MB/s  "
+        print(f"{name:46s} {fmt_rate(median):>9s} items/s {median * size / 1e6:7.0f} MB/s  "
               f"({runs[0].records} records, runs {', '.join(fmt_rate(r) for r in rates)}, "
               f"cores busy {', '.join(f'{r.cores:.1f}' for r in runs)}{waits})", flush=True)
 
@@ -794,7 +844,7 @@ def report(results) -> None:
     print("\nMedian of repeats; spread = (max - min) / median of the runs; cores = CPU time of the"
           "\nworkers over wall time. Ratios: ArrayQueue over the baseline in the same size, topology"
           "\nand mode (batched ArrayQueue over per-item queue.Queue / mp.Queue, which have no batch op).\n")
-    header = (f"{'size':5s} {'topo':5s} {'mode':5s} {'implementation':20s} {'items/s':>9s} "
+    header = (f"{'size':5s} {'topo':5s} {'mode':5s} {'implementation':24s} {'items/s':>9s} "
               f"{'MB/s':>7s} {'spread':>6s} {'cores':>5s}  {'vs queue.Queue':>14s} {'vs mp.Queue':>11s} "
               f"{'vs faster_fifo':>14s}")
     print(header)
@@ -811,8 +861,16 @@ def report(results) -> None:
                 ratios[1] = f"{rate / base:.1f}x" if base else ""
                 base = get(s, topo, mode, "faster_fifo:procs")
                 ratios[2] = f"{rate / base:.1f}x" if base else ""
-        print(f"{s:5s} {topo:5s} {mode:5s} {impl:20s} {fmt_rate(rate):>9s} {rate * size / 1e6:7.0f} "
+        print(f"{s:5s} {topo:5s} {mode:5s} {impl:24s} {fmt_rate(rate):>9s} {rate * size / 1e6:7.0f} "
               f"{spread * 100:5.0f}% {cores:5.1f}  {ratios[0]:>14s} {ratios[1]:>11s} {ratios[2]:>14s}")
+
+    timed = [(name, rate, results.get(name.replace("+timeout", ""))) for name, (rate, *_) in
+             results.items() if "+timeout" in name]
+    if timed:
+        print("\nThe cost of a timeout (timeout=30 on every call, over the same cell without one):")
+        for name, rate, plain in timed:
+            shown = f"{rate / plain[0]:.2f}x" if plain else "(cell without timeout not run)"
+            print(f"  {name:46s} {shown}")
 
     print("\nBars:")
     for topo in ("1P1C", "4P2C"):

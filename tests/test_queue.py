@@ -314,6 +314,25 @@ def test_get_on_empty_with_timeout_raises_empty_after_the_timeout():
     q.close()
 
 
+def test_a_timeout_takes_the_fast_path_while_there_is_room_or_an_item(monkeypatch):
+    # With a timeout, a call that can move at once makes one C call, as without one: it
+    # works out no deadline and never enters the waiting loop.
+    def must_not_run(*args):
+        raise AssertionError("waited or worked out a deadline while it could move at once")
+
+    q = ArrayQueue(4, "i8")
+    monkeypatch.setattr(replay.queue, "_deadline", must_not_run)
+    monkeypatch.setattr(ArrayQueue, "_move", must_not_run)
+    q.put(1, timeout=30)
+    assert q.put_many(np.array([2, 3]), timeout=30) == 2
+    assert q.get(timeout=30) == 1
+    assert q.get_many(4, timeout=30).tolist() == [2, 3]
+    monkeypatch.undo()
+    with pytest.raises(queue.Empty):
+        q.get(timeout=0.01)  # and an empty queue still waits, then raises
+    q.close()
+
+
 def test_timeout_is_ignored_when_block_is_false_as_in_queue_queue():
     q = ArrayQueue(1, "i8")
     q.put(1, block=False, timeout=-1)
