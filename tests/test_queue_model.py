@@ -106,7 +106,7 @@ class QueueModel(RuleBasedStateMachine):
         assert self.q.empty() == (n == 0)
         assert self.q.full() == (n == self.capacity)
         assert self.q.closed == self.closed
-        assert self.q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0}
+        assert self.q.stats() == {"full_waits": 0, "empty_waits": 0, "skipped": 0, "lost": 0}
 
     def teardown(self):
         if self.q is not None:
