@@ -577,9 +577,10 @@ static void window(header_t *h, uint64_t recent, uint64_t *lo, uint64_t *hi) {
 }
 
 /* Census: after MAX_REJECTS failed draws, count what can be drawn; NONE if nothing,
- * else draw among those (uniformly, or by leaf for prioritized buffers) by a scan. */
+ * else draw among those (uniformly, or by leaf for prioritized buffers) by a scan.
+ * *sum is the scan's total, which the draw's probability is taken against. */
 static int census(header_t *h, uint64_t *rng, uint64_t recent, char *out, uint64_t *pos,
-                  double *leaf) {
+                  double *leaf, double *sum) {
     uint64_t lo, hi, p;
     double total = 0;
     _Atomic uint64_t *tree = h->prioritized ? tree_of(h) : NULL;
@@ -590,6 +591,7 @@ static int census(header_t *h, uint64_t *rng, uint64_t recent, char *out, uint64
         total += tree ? node(tree, h->leaves + index) : 1.0;
     }
     if (!(total > 0)) return NONE;
+    *sum = total;
     double u = unit(rng) * total;
     for (uint64_t q = lo; q < hi; q++) {
         uint64_t index = q % h->capacity;
@@ -657,15 +659,13 @@ static bool draw(header_t *h, uint64_t *rng, char *out, uint64_t *pos, double *p
         if (result == TAKEN) break;
     }
     for (int round = 0; result != TAKEN && round < CENSUS_ROUNDS; round++) {
-        result = census(h, rng, recent, out, pos, &leaf);
+        result = census(h, rng, recent, out, pos, &leaf, &total);
         if (result == NONE) return false;
-        if (h->prioritized) total = node(tree_of(h), 1);
     }
     if (result != TAKEN) return false;
-    if (probability) {
-        double pr = total > 0 ? leaf / total : 0;
-        *probability = pr > 1 ? 1 : pr;
-    }
+    /* leaf > 0 and total > 0 here; a root read while a concurrent change was halfway up
+     * the tree may be below the leaf: clamp. */
+    if (probability) *probability = leaf < total ? leaf / total : 1.0;
     return true;
 }
 

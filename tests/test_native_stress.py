@@ -1,5 +1,6 @@
-"""The C stress test of the queue (native/stress.c), built and run through native/Makefile:
-an optimised build with large counts, and a ThreadSanitizer build with small ones.
+"""The C stress tests of the queue (native/stress.c) and of the replay buffers
+(native/stress_rb.c), built and run through native/Makefile: optimised builds with large
+counts, and ThreadSanitizer builds with small ones.
 
 Each run first plays the dead-producer and dead-consumer scenarios (threads that stop
 or end inside a push or a pop), then rounds of producers and consumers over small
@@ -24,7 +25,7 @@ def build(target):
     result = subprocess.run(["make", "-C", str(NATIVE), target], capture_output=True, text=True,
                             timeout=RUN_S)
     assert result.returncode == 0, f"make {target} failed:\n{result.stdout}\n{result.stderr}"
-    return NATIVE / {"stress": "stress", "tsan": "stress_tsan"}[target]
+    return NATIVE / {"stress": "stress", "tsan": "stress_tsan"}.get(target, target)
 
 
 def run(binary, *args, env=None):
@@ -71,4 +72,30 @@ def test_native_stress_under_thread_sanitizer_reports_no_race():
     assert code == 0, output
     assert "dead-producer scenarios: ok" in output
     assert "dead-consumer scenarios: ok" in output
+    assert output.rstrip().endswith("OK"), output
+
+
+@needs_cc
+def test_native_replay_buffer_stress_draws_only_intact_records_at_their_positions():
+    # Uniform and prioritized rounds over capacities 1, 3, 8 and 64; before them, a
+    # forked writer that exits holding a slot, and a paused writer that is lapped.
+    rounds = 8
+    code, output = run(build("stress_rb"), 20000, rounds, 3, 2)
+    assert code == 0, output
+    assert "dead- and slow-writer scenarios: ok" in output
+    assert output.count(": ok") == rounds + 1, output
+    assert output.rstrip().endswith("OK"), output
+
+
+@needs_cc
+def test_native_replay_buffer_stress_under_thread_sanitizer_reports_no_race():
+    if not tsan_links():
+        pytest.skip("ThreadSanitizer cannot build or run a program here")
+    binary = build("stress_rb_tsan")
+    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1")
+    code, output = run(binary, 3000, 8, 3, 2, env=env)
+    if "unexpected memory mapping" in output or "FATAL: ThreadSanitizer" in output:
+        pytest.skip(f"ThreadSanitizer cannot run on this kernel: {output.strip().splitlines()[0]}")
+    assert "WARNING: ThreadSanitizer" not in output, output
+    assert code == 0, output
     assert output.rstrip().endswith("OK"), output
