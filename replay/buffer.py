@@ -466,6 +466,8 @@ class ReplayBuffer:
 
     # ---- record conversion: the same checks and messages as ArrayQueue's ----------------
 
+    _NOUN, _ROWS = "buffer", "batch_size"
+
     _record = ArrayQueue._record
     _check_out = ArrayQueue._check_out
     _check_array = ArrayQueue._check_array

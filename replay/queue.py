@@ -311,6 +311,9 @@ class ArrayQueue:
             )
         return RuntimeError(f"queue error {code}")
 
+    # Words in the messages of the record checks below, which the replay buffers share.
+    _NOUN, _ROWS = "queue", "max_items"
+
     def _record(self, item):
         """One item as a cffi buffer of exactly one record, or a clear error."""
         if type(item) is np.void and item.dtype == self._dtype:  # a row of a record array
@@ -318,7 +321,7 @@ class ArrayQueue:
         if isinstance(item, (np.ndarray, np.generic)):
             if item.dtype != self._base or item.shape != self._item_shape:
                 raise TypeError(
-                    f"item has dtype {item.dtype} and shape {item.shape}; this queue holds "
+                    f"item has dtype {item.dtype} and shape {item.shape}; this {self._NOUN} holds "
                     f"{self._describe()}"
                 )
             if isinstance(item, np.ndarray) and not item.flags.c_contiguous:
@@ -336,7 +339,7 @@ class ArrayQueue:
                 raise TypeError(f"cannot store {item!r} as {self._describe()}: {error}") from None
             if item.shape != self._item_shape:
                 raise ValueError(
-                    f"item has shape {item.shape}; this queue holds {self._describe()}"
+                    f"item has shape {item.shape}; this {self._NOUN} holds {self._describe()}"
                 )
         return _from_buffer(item)
 
@@ -347,7 +350,7 @@ class ArrayQueue:
     def _check_out(self, out, max_items: int) -> None:
         self._check_array(out, "out")
         if len(out) < max_items:
-            raise ValueError(f"out has {len(out)} rows, fewer than max_items={max_items}")
+            raise ValueError(f"out has {len(out)} rows, fewer than {self._ROWS}={max_items}")
         if not (out.flags.c_contiguous and out.flags.writeable):
             raise ValueError("out must be C-contiguous and writeable")
 
@@ -355,7 +358,7 @@ class ArrayQueue:
         if not isinstance(array, np.ndarray):
             raise TypeError(
                 f"{what} must be a numpy array of {self._describe()}, got "
-                f"{type(array).__name__}; build one with np.asarray(..., dtype=queue.dtype)"
+                f"{type(array).__name__}; build one with np.asarray(..., dtype={self._NOUN}.dtype)"
             )
         if array.dtype != self._base or array.shape[1:] != self._item_shape or \
                 array.ndim != 1 + len(self._item_shape):
