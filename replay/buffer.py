@@ -16,6 +16,7 @@ import queue
 import secrets
 import struct
 import time
+import weakref
 import zlib
 from typing import NamedTuple
 
@@ -92,10 +93,28 @@ def _check_number(name: str, value, *, positive: bool) -> float:
 
 
 def _child_seed(seed: int | None, copy: int) -> int | None:
-    """The seed of the copy-th pickled copy of a handle seeded with `seed`."""
+    """The seed of the copy-th copy (pickled or forked) of a handle seeded with `seed`."""
     if seed is None:
         return None
     return int(np.random.SeedSequence([seed, copy]).generate_state(1, np.uint64)[0])
+
+
+# Handles in this process: a forked child re-seeds each one, as a pickled copy would be,
+# so that parent and child never draw the same numbers.
+_HANDLES: weakref.WeakSet = weakref.WeakSet()
+
+
+def _count_fork_copies() -> None:
+    for buf in list(_HANDLES):
+        buf._copies += 1
+
+
+def _reseed_forked_copies() -> None:
+    for buf in list(_HANDLES):
+        buf._reseed(_child_seed(buf._seed, buf._copies))
+
+
+os.register_at_fork(before=_count_fork_copies, after_in_child=_reseed_forked_copies)
 
 
 class ReplayBuffer:
@@ -114,10 +133,13 @@ class ReplayBuffer:
     `add` never waits. `error_buffer` defaults to ``2 * max(1, samples_per_insert)``.
 
     Random draws happen in C, with a xoshiro256** state per handle, seeded from `seed`
-    (or from the OS when None). A pickled copy of a seeded handle is seeded with a value
-    derived from `seed` and how many copies were made before it, so a program that starts
-    the same processes in the same order draws the same numbers; `sample(rng=...)` takes
-    a seed or a `numpy.random.Generator` for one call.
+    (or from the OS when None). A copy of a seeded handle, pickled or inherited by a
+    forked child, is seeded with a value derived from `seed` and how many copies were
+    made before it, so a program that starts the same processes in the same order draws
+    the same numbers; copies of an unseeded handle seed from the OS. `sample(rng=...)`
+    takes a seed or a `numpy.random.Generator` for one call. A handle's generator is not
+    for threads that sample at the same time: give each thread its own copy
+    (`pickle.loads(pickle.dumps(buf))`) or its own `rng`.
     """
 
     _PRIORITIZED = False
@@ -169,14 +191,21 @@ class ReplayBuffer:
         # As in ArrayQueue: a subarray dtype is stored as its base type with that shape.
         self._base = dtype.base
         self._item_shape = dtype.shape
-        self._seed = None if seed is None else int(seed) % 2**64
-        self._copies = 0
-        # The C-side buffers of this handle, allocated here once.
+        # The C-side buffers of this handle, allocated here once: its random state, the
+        # state of a call given its own rng, and positions nobody asked for.
         self._rng = ffi.new("uint64_t[4]")
         self._call_rng = ffi.new("uint64_t[4]")
-        lib.rb_seed(self._rng, secrets.randbits(64) if seed is None else self._seed)
+        self._positions = np.empty(0, np.uint64)
+        self._reseed(seed)
         self._waits = bool(settings.samples_per_insert or settings.max_times_sampled
                            or settings.min_size_to_sample > 1)
+        _HANDLES.add(self)
+
+    def _reseed(self, seed) -> None:
+        """Seed this handle's generator; its copies derive their seeds from `seed`."""
+        self._seed = None if seed is None else int(seed) % 2**64
+        self._copies = 0
+        lib.rb_seed(self._rng, secrets.randbits(64) if seed is None else self._seed)
 
     @classmethod
     def _attach(cls, name: str, settings: _Settings, dtype: np.dtype, seed) -> ReplayBuffer:
@@ -273,7 +302,12 @@ class ReplayBuffer:
             raise ValueError(f"recent must be None or an int from 1 to the capacity "
                              f"{self._capacity}, got {recent!r}")
         out = self._out(out, batch_size)
-        positions = np.empty(batch_size, np.uint64)
+        if return_indices:
+            positions = np.empty(batch_size, np.uint64)
+        else:  # nobody reads them: the handle's scratch array
+            if len(self._positions) < batch_size:
+                self._positions = np.empty(batch_size, np.uint64)
+            positions = self._positions[:batch_size]
         self._draw(out, positions, ffi.NULL, recent or 0, rng, timeout)
         return (out, positions) if return_indices else out
 
@@ -302,7 +336,7 @@ class ReplayBuffer:
 
     def _draw(self, out, positions, probabilities, recent: int, rng, timeout) -> None:
         """Fill out and positions (and probabilities) in full, or raise Empty."""
-        if timeout is not None:
+        if timeout is not None and timeout != math.inf:
             timeout = _check_number("timeout", timeout, positive=False)
         state = self._generator(rng)
         n = len(out)
