@@ -84,11 +84,13 @@ def _is_int(value) -> bool:
 
 
 def _check_number(name: str, value, *, positive: bool) -> float:
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)):
+    if isinstance(value, (bool, np.bool_)) or \
+            not isinstance(value, (int, float, np.integer, np.floating)):
         raise TypeError(f"{name} must be a number, got {value!r}")
     value = float(value)
     if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be a finite number {'> 0' if positive else '>= 0'}, got {value!r}")
+        bound = "> 0" if positive else ">= 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}")
     return value
 
 
@@ -430,10 +432,12 @@ class ReplayBuffer:
         to or sample from the buffer while it loads."""
         data = open(os.fspath(path), "rb").read()
         description, records, positions, leaves, uses = self._parse(data, os.fspath(path))
-        if self._PRIORITIZED and description["alpha"] != self._settings.alpha and len(leaves):
-            # Leaves hold priority^alpha: re-express them with this buffer's alpha.
-            leaves = leaves ** (self._settings.alpha / description["alpha"]) \
-                if description["alpha"] else np.full_like(leaves, description["max_priority"] ** self._settings.alpha)
+        old_alpha, alpha = description["alpha"], self._settings.alpha
+        if self._PRIORITIZED and old_alpha != alpha:
+            # Leaves hold priority^alpha: re-express them with this buffer's alpha (leaves
+            # saved with alpha 0 are all 1: give them the largest priority seen).
+            leaves = leaves ** (alpha / old_alpha) if old_alpha else \
+                np.full_like(leaves, description["max_priority"] ** alpha)
         records = np.ascontiguousarray(records)
         lib.rb_import(self._mem, _from_buffer(records) if len(records) else ffi.NULL,
                       ffi.from_buffer("uint64_t[]", positions), ffi.from_buffer("double[]", leaves),
@@ -469,7 +473,8 @@ class ReplayBuffer:
                       "load it into a buffer made with the saved dtype")
         if description["capacity"] != self._capacity:
             raise bad(f"it was saved from a buffer of capacity {description['capacity']}, this "
-                      f"one has capacity {self._capacity}", "load it into a buffer of the same capacity")
+                      f"one has capacity {self._capacity}",
+                      "load it into a buffer of the same capacity")
         n, size = description["count"], self._dtype.itemsize
         offset = _FILE_HEAD.size + head_len
         expected = offset + n * (size + 8 + 8 + 8) + 4
@@ -571,7 +576,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
             raise ValueError(f"indices and priorities must be 1-D and of one length, got shapes "
                              f"{indices.shape} and {priorities.shape}")
         if len(indices) and not np.issubdtype(indices.dtype, np.integer):
-            raise TypeError(f"indices must be integer positions from sample(), got dtype {indices.dtype}")
+            raise TypeError(f"indices must be integer positions from sample(), "
+                            f"got dtype {indices.dtype}")
         if not np.isfinite(priorities).all() or (priorities < 0).any():
             bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
             raise ValueError(f"priorities must be finite and >= 0, got {bad}")
