@@ -690,13 +690,44 @@ static bool reserve(header_t *h, uint64_t n) {
     return true;
 }
 
+/*
+ * Uniform draws in groups: draw GROUP positions, prefetch their slots, then read them.
+ * In a ring larger than the caches each read is a cache miss; issued together, the
+ * misses overlap instead of following one another. A refused candidate is replaced by a
+ * full draw() (retries, census). Returns the count drawn.
+ */
+#define GROUP 16
+static uint64_t draw_uniform_batch(header_t *h, uint64_t *rng, char *out, uint64_t *positions,
+                                   uint64_t n, uint64_t recent) {
+    uint64_t k = 0, candidates[GROUP], lines = h->slot_size > 256 ? 4 : h->slot_size / 64;
+    while (k < n) {
+        uint64_t m = n - k < GROUP ? n - k : GROUP, lo, hi;
+        window(h, recent, &lo, &hi);
+        if (hi == lo) return k;
+        for (uint64_t i = 0; i < m; i++) {
+            candidates[i] = lo + below(rng, hi - lo);
+            char *slot = (char *)slot_of(h, candidates[i] % h->capacity);
+            for (uint64_t line = 0; line < lines; line++) __builtin_prefetch(slot + 64 * line);
+        }
+        for (uint64_t i = 0; i < m; i++, k++) {
+            char *dst = out + k * h->record_size;
+            if (!take(h, candidates[i] % h->capacity, candidates[i], dst, &positions[k]) &&
+                !draw(h, rng, dst, &positions[k], NULL, recent))
+                return k;
+        }
+    }
+    return k;
+}
+
 static int64_t try_sample(header_t *h, uint64_t *rng, char *out, uint64_t *positions,
                           double *probabilities, uint64_t n, uint64_t recent) {
     if (!reserve(h, n)) return 0;
     uint64_t k = 0;
-    while (k < n && draw(h, rng, out + k * h->record_size, &positions[k],
-                         probabilities ? &probabilities[k] : NULL, recent))
-        k++;
+    if (!h->prioritized)
+        k = draw_uniform_batch(h, rng, out, positions, n, recent);
+    else
+        while (k < n && draw(h, rng, out + k * h->record_size, &positions[k], &probabilities[k], 0))
+            k++;
     /* sampled counts records returned: give back an unused reservation, or count. */
     if (h->samples_per_insert != 0)
         atomic_fetch_sub_explicit(&h->sampled, n - k, memory_order_relaxed);

@@ -57,7 +57,8 @@ void rb_seed(uint64_t *rng, uint64_t seed);
  * Draw up to n records at random, with replacement, into out (n * record_size bytes),
  * and the position of each into positions. Uniform buffers draw from the `recent` most
  * recent positions (0: all of them); prioritized ones in proportion to priority^alpha,
- * and write each record's probability to probabilities (NULL for uniform buffers).
+ * and write each record's probability to probabilities (required for prioritized
+ * buffers, unused by uniform ones, where it may be NULL).
  * timeout_ns: 0 never waits, < 0 waits without limit, > 0 waits at most that long while
  * nothing can be drawn (rate limiter, min_size_to_sample, records used up). Returns the
  * count drawn (0 if none before the timeout), or RB_BAD_ARGUMENT.

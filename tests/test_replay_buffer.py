@@ -257,33 +257,28 @@ def test_no_torn_record_under_concurrent_overwrite_with_spawned_processes():
     ctx = mp.get_context("spawn")
     with ReplayBuffer(3, WIDE, seed=2) as buf:
         buf.add_many(wide(np.arange(3), 3))
-        stop_at = time.time() + 4.0  # wall clock: shared with the children
-        writers = [ctx.Process(target=_write_until_wall, args=(buf, 10**9 * (k + 1), stop_at, k + 1))
+        stop = ctx.Event()
+        writers = [ctx.Process(target=_write_until, args=(buf, 10**9 * (k + 1), stop, k + 1))
                    for k in range(2)]
         for w in writers:
             w.start()
-        before = buf.added
-        checked = torn = 0
-        while time.time() < stop_at:
-            records = buf.sample(16)
-            torn += int(not consistent(records))
-            checked += 16
-        for w in writers:
-            w.join(JOIN_S)
-            assert w.exitcode == 0
+        try:
+            deadline = time.monotonic() + JOIN_S
+            while buf.added < 1000:  # the writers are running (spawning takes a while)
+                assert time.monotonic() < deadline, "the writers did not start"
+                time.sleep(0.01)
+            checked = torn = 0
+            sampling_ends = time.monotonic() + 1.5
+            while time.monotonic() < sampling_ends:
+                torn += int(not consistent(buf.sample(16)))
+                checked += 16
+        finally:
+            stop.set()
+            for w in writers:
+                w.join(JOIN_S)
+        assert all(w.exitcode == 0 for w in writers)
         assert torn == 0
-        assert buf.added > before, "the writers never ran"
         assert checked > 1000
-
-
-def _write_until_wall(buf, first, stop_at, batch):
-    value = first
-    while time.time() < stop_at:
-        if batch == 1:
-            buf.add(wide(value)[0])
-        else:
-            buf.add_many(wide(np.arange(value, value + batch), batch))
-        value += batch
 
 
 # ---- processes and pickling ---------------------------------------------------------
