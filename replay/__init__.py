@@ -8,6 +8,13 @@ processes. Needs only numpy and cffi.
     >>> q.put((np.zeros(4), 1, 0.5))
     >>> float(q.get()["reward"])
     0.5
+
+    >>> from replay import PrioritizedReplayBuffer
+    >>> buf = PrioritizedReplayBuffer(100_000, q.dtype, alpha=0.6)
+    >>> first = buf.add_many(np.zeros(64, q.dtype))
+    >>> batch = buf.sample(32, beta=0.4)  # records, indices (positions), weights
+    >>> buf.update_priorities(batch.indices, np.ones(32))
+    32
 """
 from queue import Empty, Full
 
