@@ -369,6 +369,8 @@ class ReplayBuffer:
         if s.size == 0 and not self._waits:
             return "the replay buffer is empty: add records before sampling"
         reasons = []
+        if self._PRIORITIZED and s.total_priority <= 0:
+            reasons.append("every record has priority 0")
         if s.added < settings.min_size_to_sample:
             reasons.append(f"{s.added} records added, fewer than min_size_to_sample="
                            f"{settings.min_size_to_sample}")

@@ -77,6 +77,14 @@ def test_a_record_of_priority_zero_is_never_drawn():
         assert set(buf.sample(2000).records["v"].tolist()) == {1, 3}
 
 
+def test_sampling_when_every_priority_is_zero_raises_empty_naming_the_cause():
+    with PrioritizedReplayBuffer(4, VALUE) as buf:
+        buf.add_many(values(0, 4))
+        buf.update_priorities(np.arange(4), np.zeros(4))
+        with pytest.raises(replay.Empty, match="priority 0"):
+            buf.sample(1)
+
+
 def test_weights_follow_the_papers_formula():
     alpha, beta = 0.7, 0.5
     priorities = np.array([0.1, 1.0, 2.0, 5.0, 0.3])

@@ -319,6 +319,21 @@ def test_context_manager_removes_the_shared_memory():
         pickle.loads(pickle.dumps(buf))
 
 
+def _make_buffer_and_exit(names):
+    buf = replay.PrioritizedReplayBuffer(4, VALUE)
+    names.put(buf._segment.name)
+
+
+def test_a_buffer_made_in_a_fork_child_is_removed_when_the_child_exits():
+    ctx = mp.get_context("fork")
+    names = ctx.SimpleQueue()
+    child = ctx.Process(target=_make_buffer_and_exit, args=(names,))
+    child.start()
+    child.join(JOIN_S)
+    assert child.exitcode == 0
+    assert not os.path.exists(os.path.join("/dev/shm", names.get()))
+
+
 # ---- reuse limits -------------------------------------------------------------------
 
 
