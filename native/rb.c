@@ -410,15 +410,20 @@ static void correct_drift(header_t *h) {
 }
 
 /* A pass after every max(leaves, 65536) leaf changes, run by the caller of
- * rb_update_priorities that crosses the mark (amortised O(1) per change; never a writer). */
+ * rb_update_priorities that crosses the mark (amortised O(1) per change; never a writer).
+ * One pass at a time: next_pass holds PASS_RUNNING meanwhile, so two passes never both
+ * correct a node from the same reading. */
+#define PASS_RUNNING UINT64_MAX
 static void maybe_correct_drift(header_t *h) {
     uint64_t every = h->leaves > 65536 ? h->leaves : 65536;
     uint64_t changes = atomic_load_explicit(&h->tree_changes, memory_order_relaxed);
     uint64_t next = atomic_load_explicit(&h->next_pass, memory_order_relaxed);
-    if (changes >= next &&
-        atomic_compare_exchange_strong_explicit(&h->next_pass, &next, changes + every,
-                                                memory_order_relaxed, memory_order_relaxed))
-        correct_drift(h);
+    if (changes < next ||
+        !atomic_compare_exchange_strong_explicit(&h->next_pass, &next, PASS_RUNNING,
+                                                 memory_order_relaxed, memory_order_relaxed))
+        return;
+    correct_drift(h);
+    atomic_store_explicit(&h->next_pass, changes + every, memory_order_relaxed);
 }
 
 static void raise_max_priority(header_t *h, double priority) {
