@@ -5,14 +5,17 @@ slots holding records that nobody will take; a producer that laps around to them
 releases them once every consumer that may own them is gone, and counts the records as
 lost (`stats()["lost"]`). Each round spawns consumer processes that take batches of
 numbered records as fast as they can from a small queue and kills them at random
-moments, while a producer thread in this process pushes records 0, 1, 2, ... and a
-consumer thread here takes its share for the whole run.
+moments, while a producer thread in this process pushes records 0, 1, 2, ... A consumer
+thread here stands aside while the victims run (so that they find the queue full and
+spend their time copying), then takes over, so that the producer must lap around past
+the slots the victims held.
 
 Records are large (half a MiB) so that a consumer spends a good part of its time copying
 out of slots it has claimed, which is where a kill leaves slots to release.
 """
 import multiprocessing as mp
 import os
+import queue
 import random
 import signal
 import threading
@@ -81,7 +84,8 @@ class Producer(threading.Thread):
 
 
 class Survivor(threading.Thread):
-    """Takes records until the queue is closed and drained, counting each in `seen`."""
+    """Takes records while `running` is set, until the queue is closed and drained,
+    counting each in `seen`."""
 
     def __init__(self, q):
         super().__init__(daemon=True)
@@ -89,14 +93,19 @@ class Survivor(threading.Thread):
         self.seen = np.zeros(MAX_RECORDS, np.uint8)
         self.torn = 0
         self.error = None
+        self.running = threading.Event()
+        self.running.set()
         self.start()
 
     def run(self):
         out = np.empty(BATCH, DTYPE)
         try:
             while True:
+                self.running.wait()
                 try:
-                    got = self.q.get_many(BATCH, out=out)
+                    got = self.q.get_many(BATCH, out=out, timeout=0.01)
+                except queue.Empty:
+                    continue
                 except replay.Closed:
                     return
                 seq = got["seq"]
@@ -131,6 +140,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
                 break
             ids = range(r * VICTIMS_PER_ROUND, (r + 1) * VICTIMS_PER_ROUND)
             procs = {i: ctx.Process(target=_victim, args=(q, i, counters, victim_seen)) for i in ids}
+            survivor.running.clear()
             for p in procs.values():
                 p.start()
             try:
@@ -149,6 +159,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
                     if p.is_alive():
                         p.kill()
                     p.join()
+                survivor.running.set()
             # The producer must get a whole lap past the slots the victims held.
             target = producer.pushed + 2 * CAPACITY + BATCH
             _wait_for(lambda: producer.pushed >= target or producer.error is not None,
@@ -157,6 +168,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
             assert producer.error is None, f"round {r}: the producer wedged: {producer.error!r}"
             rounds += 1
     finally:
+        survivor.running.set()
         producer.stop.set()
         producer.join(ROUND_TIMEOUT_S)
         stats = q.stats()
