@@ -29,8 +29,10 @@ What is measured (one process unless said otherwise; rates are medians of the re
                    writers) and the sampler's rate while writing: replay.ReplayBuffer
                    against cpprb.MPReplayBuffer.
   * atari/*        records of 4 x 84 x 84 u1 (28 224 bytes, a frame stack), 10 000 of them:
-                   ``add_many`` of 64 and ``sample(32)``, in GB/s of record payload, with a
-                   numpy copy of the same bytes for the ceiling.
+                   ``add_many`` of 64 into a buffer filled once before (the steady state),
+                   the first lap through a fresh buffer (every page is touched for the
+                   first time), and ``sample(32)``; in GB/s of record payload, with numpy
+                   copying the same bytes (a slice copy, a gather of 32 rows) as a ceiling.
 Each cell repeats an operation in chunks until --seconds have passed and reports items/s;
 the whole cell is repeated --repeats times and the median and spread are printed, then
 the ratios to each competitor and the bars. A competitor that is not installed is skipped
@@ -307,19 +309,42 @@ def cell_sample_prioritized(impl: str, seconds: float):
         close(buf)
 
 
+_FRAMES = []
+
+
+def atari_records() -> np.ndarray:
+    """ATARI_CAPACITY random frame stacks (made once: 282 MB)."""
+    if not _FRAMES:
+        payload = np.random.default_rng(0).bytes(ATARI_CAPACITY * FRAMES.itemsize)
+        _FRAMES.append(np.frombuffer(bytearray(payload), FRAMES))
+    return _FRAMES[0]
+
+
 def cell_atari(impl: str, seconds: float, what: str):
-    """Bytes per second of add_many(64) or sample(32) of 4 x 84 x 84 u1 records."""
-    payload = np.random.default_rng(0).bytes(ATARI_CAPACITY * FRAMES.itemsize)
-    records = np.frombuffer(bytearray(payload), FRAMES)
+    """Bytes per second of 4 x 84 x 84 u1 records: "add" (add_many of 64 into a buffer that
+    has been filled once, the steady state), "fill" (one lap through a fresh buffer: the
+    first write to each page of memory is a page fault) or "sample" (sample(32))."""
+    records = atari_records()
     frames = records["obs"]  # the same bytes as [N, 4, 84, 84] u1, for cpprb and numpy
-    if impl == "numpy copy":  # the ceiling: the same bytes with one memcpy-like copy
+    n = ATARI_SAMPLE if what == "sample" else BATCH
+    rng = np.random.default_rng(0)
+    if impl == "numpy copy":  # the ceiling: the same bytes copied by numpy
         dest = np.empty_like(frames)
-        n = BATCH if what == "add" else ATARI_SAMPLE
+        if what == "add":
+            dest[:] = frames  # touch every page first, as the "add" cell does
         k = [0]
 
         def chunk():
-            i = k[0] = (k[0] + n) % (ATARI_CAPACITY - n)
-            np.copyto(dest[i:i + n], frames[i:i + n])
+            if what == "sample":
+                np.take(frames, rng.integers(ATARI_CAPACITY, size=n), axis=0, out=dest[:n])
+            else:
+                i = k[0] = (k[0] + n) % (ATARI_CAPACITY - n)
+                np.copyto(dest[i:i + n], frames[i:i + n])
+        if what == "fill":
+            start = time.perf_counter()
+            for i in range(0, ATARI_CAPACITY - n + 1, n):
+                np.copyto(dest[i:i + n], frames[i:i + n])
+            return (ATARI_CAPACITY // n) * n * FRAMES.itemsize / (time.perf_counter() - start)
         return rate(chunk, n * FRAMES.itemsize, seconds)
     buf = make(impl, capacity=ATARI_CAPACITY, atari=True)
     if isinstance(buf, str):
@@ -330,19 +355,21 @@ def cell_atari(impl: str, seconds: float, what: str):
                 buf.add_many(records[i:i + n])
             else:
                 buf.add(obs=frames[i:i + n])
+        start = time.perf_counter()
+        for i in range(0, ATARI_CAPACITY - n + 1, n):
+            add(i, n)
+        if what == "fill":
+            return (ATARI_CAPACITY // n) * n * FRAMES.itemsize / (time.perf_counter() - start)
         if what == "add":
             k = [0]
 
             def chunk():
-                i = k[0] = (k[0] + BATCH) % (ATARI_CAPACITY - BATCH)
-                add(i, BATCH)
-            return rate(chunk, BATCH * FRAMES.itemsize, seconds)
-        for i in range(0, ATARI_CAPACITY, 1000):
-            add(i, 1000)
-
-        def chunk():
-            buf.sample(ATARI_SAMPLE)
-        return rate(chunk, ATARI_SAMPLE * FRAMES.itemsize, seconds)
+                i = k[0] = (k[0] + n) % (ATARI_CAPACITY - n)
+                add(i, n)
+        else:
+            def chunk():
+                buf.sample(n)
+        return rate(chunk, n * FRAMES.itemsize, seconds)
     finally:
         close(buf)
 
@@ -483,6 +510,8 @@ CELLS = [  # name, function, implementations, unit
     ("sample/uniform/out=", lambda impl, s: cell_sample_uniform(impl, s, out=True), ("replay",), "items/s"),
     ("sample/prio+update", cell_sample_prioritized, ("replay", "cpprb", "torchrl"), "items/s"),
     ("atari/add64", lambda impl, s: cell_atari(impl, s, "add"), ("replay", "cpprb", "numpy copy"), "B/s"),
+    ("atari/add64/first-lap", lambda impl, s: cell_atari(impl, s, "fill"), ("replay", "cpprb", "numpy copy"),
+     "B/s"),
     ("atari/sample32", lambda impl, s: cell_atari(impl, s, "sample"), ("replay", "cpprb", "numpy copy"),
      "B/s"),
 ]
