@@ -10,7 +10,7 @@ Usage (from the project root, in the project's environment):
 
 What is measured (one process unless said otherwise; rates are medians of the repeats)
   * Records are CartPole transitions: obs and next_obs 4 x f4, action i8, reward f4, done
-    bool (33 bytes of payload; replay stores them as one structured record). Buffers hold
+    bool (45 bytes; replay stores them as one structured record). Buffers hold
     100 000 of them; sample and update cells start from a full buffer.
   * add/item       one transition per call: replay ``add(record)``, cpprb
                    ``add(obs=..., act=..., ...)``, SB3 ``add(obs, next_obs, action, reward,
@@ -24,10 +24,11 @@ What is measured (one process unless said otherwise; rates are medians of the re
                    256 drawn indices with new priorities (alpha 0.6); counted as 256
                    transitions per pair. TorchRL is tried and skipped when its C++
                    segment tree does not load.
-  * mp/4w1s        4 writer processes ``add`` batches of 64 for a fixed time while 1
+  * mp/4w1s        4 writer processes add batches of 64 for a fixed time (2 s) while 1
                    process ``sample(256)``s from the same buffer (fork); add rate (all
                    writers) and the sampler's rate while writing: replay.ReplayBuffer
-                   against cpprb.MPReplayBuffer.
+                   against cpprb.MPReplayBuffer; also the cores each side used (CPU
+                   time over wall time), which shows a side that waits.
   * atari/*        records of 4 x 84 x 84 u1 (28 224 bytes, a frame stack), 10 000 of them:
                    ``add_many`` of 64 into a buffer filled once before (the steady state),
                    the first lap through a fresh buffer (every page is touched for the

@@ -55,7 +55,7 @@ class Args:
     beta: float = 0.4             # importance-sampling exponent, annealed to 1 over the budget
     target_period: int = 500      # updates between copies into the target network
     publish_period: int = 10      # updates between weight publications to the actors
-    eps_base: float = 0.1         # env i of N acts with eps_base ** (1 + eps_alpha * i / (N - 1)) (Ape-X: 0.4)
+    eps_base: float = 0.1         # env i of N acts with eps_base ** (1 + eps_alpha * i / (N-1)) (Ape-X: 0.4)
     eps_alpha: float = 7.0        # spread of the epsilons (Ape-X: 7); every env's returns count
     verbose: bool = True          # print a progress line every 10 s
 
@@ -154,7 +154,8 @@ def train(args: Args) -> tuple[float, int]:
                 break
             if args.verbose and time.perf_counter() > next_log:
                 next_log += 10
-                print(f"{steps:7d} steps {updates:6d} updates  mean return (last 100) {mean:6.1f}", flush=True)
+                print(f"{steps:7d} steps {updates:6d} updates  mean return (last 100) {mean:6.1f}",
+                      flush=True)
             if steps < args.learning_starts + updates * args.steps_per_update:  # wait for the actors
                 if not all(p.is_alive() for p in actors):
                     raise RuntimeError("an actor process exited")

@@ -72,7 +72,9 @@ def test_ctrl_c_leaves_no_process_or_shared_memory():
 @pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_learns_cartpole_400_within_200k_steps(seed):
+    start = time.perf_counter()
     mean, steps = example.train(example.Args(seed=seed, steps=200_000, target_return=400.0,
                                              verbose=False))
-    print(f"\nseed {seed}: mean return of the last 100 episodes {mean:.1f} after {steps} env steps")
+    print(f"\nseed {seed}: mean return of the last 100 episodes {mean:.1f} after {steps} env steps, "
+          f"{time.perf_counter() - start:.0f} s")
     assert mean >= 400.0 and steps <= 200_000
