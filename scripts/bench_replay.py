@@ -3,7 +3,7 @@ Stable-Baselines3 and TorchRL, on CartPole-sized transitions and Atari-sized fra
 
 Usage (from the project root, in the project's environment):
 
-    python scripts/bench_replay.py                  # every cell, 5 repeats (~4-6 min)
+    python scripts/bench_replay.py                  # every cell, 5 repeats (~2-4 min)
     python scripts/bench_replay.py --quick          # smoke run: short cells, 1 repeat
     python scripts/bench_replay.py --only 'sample'  # cells whose name matches a regex
     python scripts/bench_replay.py --profile        # where the time goes in replay's calls
@@ -80,11 +80,12 @@ except ImportError:
 
 try:
     import logging
-    logging.getLogger("torchrl").setLevel(logging.WARNING)
+
     from tensordict import TensorDict
     from torchrl.data import LazyTensorStorage
     from torchrl.data import PrioritizedReplayBuffer as TorchRLPrioritized
     from torchrl.data import ReplayBuffer as TorchRLReplayBuffer
+    logging.getLogger("torchrl").setLevel(logging.WARNING)  # no line per storage it creates
     TORCHRL_MISSING = None
 except ImportError:
     TORCHRL_MISSING = "torchrl is not installed"
@@ -163,9 +164,11 @@ def make(impl: str, prioritized: bool = False, capacity: int = CAPACITY, n_envs:
         if not prioritized:
             return TorchRLReplayBuffer(storage=LazyTensorStorage(capacity))
         try:
-            return TorchRLPrioritized(alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity))
-        except RuntimeError as error:
-            return f"TorchRL's prioritized sampler does not load here: {error}"
+            import torchrl._torchrl  # noqa: F401  (the C++ segment trees)
+        except ImportError as error:
+            return (f"TorchRL's C++ extension, which its prioritized sampler needs, does not load "
+                    f"against torch {torch.__version__} ({str(error).split(": ", 1)[-1][:40]}...)")
+        return TorchRLPrioritized(alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity))
     raise ValueError(impl)
 
 
