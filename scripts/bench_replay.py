@@ -166,8 +166,9 @@ def make(impl: str, prioritized: bool = False, capacity: int = CAPACITY, n_envs:
         try:
             import torchrl._torchrl  # noqa: F401  (the C++ segment trees)
         except ImportError as error:
+            why = str(error).split(": ", 1)[-1][:40]  # the missing symbol, not the file's path
             return (f"TorchRL's C++ extension, which its prioritized sampler needs, does not load "
-                    f"against torch {torch.__version__} ({str(error).split(": ", 1)[-1][:40]}...)")
+                    f"against torch {torch.__version__} ({why}...)")
         return TorchRLPrioritized(alpha=0.6, beta=0.4, storage=LazyTensorStorage(capacity))
     raise ValueError(impl)
 
