@@ -33,6 +33,9 @@ MAX_TIMES_SAMPLED = lib.RB_MAX_TIMES_SAMPLED
 # Waiting samplers come back to Python at least this often, so that Ctrl-C and other
 # signals are handled while they wait (as ArrayQueue's blocking calls do).
 _WAIT_SLICE_NS = 50_000_000
+# A sampler without limits whose draws keep landing on slots being overwritten tries again
+# this many times (yielding between tries) before it reports the buffer as contended.
+_CONTENDED_ROUNDS = 100_000
 # error_buffer when none is given: Reverb's SampleToInsertRatio needs at least
 # max(1, samples_per_insert) for the ratio to be reachable one insert at a time; twice
 # that leaves room for a few inserts that land while a batch is being drawn.
@@ -346,7 +349,7 @@ class ReplayBuffer:
         size = self._dtype.itemsize
         waits = self._waits and timeout != 0
         deadline = _deadline(timeout) if waits else None
-        done = 0
+        done = rounds = 0
         while True:
             slice_ns = 0
             if waits:
@@ -360,9 +363,20 @@ class ReplayBuffer:
             done += got
             if done == n:
                 return
+            if not self._waits and self._overwritten_meanwhile(rounds := rounds + 1):
+                os.sched_yield()  # the writers were faster: the records are there, try again
+                continue
             if not waits or (got == 0 and deadline is not None and time.monotonic() >= deadline):
                 break
         raise queue.Empty(self._why_empty(done, n, timeout))
+
+    def _overwritten_meanwhile(self, rounds: int) -> bool:
+        """Whether a draw without limits failed only because writers kept overwriting
+        the slots it read (a small ring under heavy writing): records are published and
+        drawable, so trying again succeeds once a copy slips between two writes."""
+        s = self._stats()
+        drawable = s.size > 0 and not (self._PRIORITIZED and s.total_priority <= 0)
+        return drawable and rounds <= _CONTENDED_ROUNDS
 
     def _why_empty(self, done: int, n: int, timeout) -> str:
         s, settings = self._stats(), self._settings
@@ -381,7 +395,8 @@ class ReplayBuffer:
             reasons.append(f"records retire after {settings.max_times_sampled} draws")
         waited = "at once" if timeout == 0 or not self._waits else f"within {timeout} s"
         return (f"drew {done} of {n} records {waited}: "
-                + ("; ".join(reasons) or "no record could be drawn"))
+                + ("; ".join(reasons) or "writers overwrote every slot it tried to read; "
+                   "give the buffer a larger capacity"))
 
     # ---- save and load ----------------------------------------------------------------
 
