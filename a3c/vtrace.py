@@ -12,6 +12,10 @@ computed with the backward recursion of Remark 1:
 
     v_s - V(x_s) = delta_s V + gamma c_s (v_{s+1} - V(x_{s+1})).
 
+The paper's lambda variant (as in Retrace(lambda)) mixes in shorter returns:
+c_i = lambda min(c_bar, pi / mu); on-policy, v_s is then the TD(lambda) return of
+GAE (Schulman et al. 2016), which trades variance for bias as asynchronous PPO does.
+
 The policy-gradient advantage (Section 4.2) is
 
     rho_s^pg (r_s + gamma v_{s+1} - V(x_s)),  rho_s^pg = min(rho_bar^pg, pi / mu).
@@ -40,11 +44,13 @@ __all__ = [
 class VTraceReturns(NamedTuple):
     vs: torch.Tensor  # [T, B] V-trace value targets v_s
     pg_advantages: torch.Tensor  # [T, B] clipped-IS policy-gradient advantages
+    advantages: torch.Tensor  # [T, B] r_s + gamma v_{s+1} - V(x_s), without the IS weight
 
 
 class VTraceFromLogitsReturns(NamedTuple):
     vs: torch.Tensor
     pg_advantages: torch.Tensor
+    advantages: torch.Tensor
     log_rhos: torch.Tensor  # [T, B] log pi(a|x) - log mu(a|x)
     behaviour_action_log_probs: torch.Tensor  # [T, B] log mu(a|x)
     target_action_log_probs: torch.Tensor  # [T, B] log pi(a|x)
@@ -73,6 +79,7 @@ def from_importance_weights(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: Optional[float] = 1.0,
     clip_pg_rho_threshold: Optional[float] = 1.0,
+    td_lambda: float = 1.0,
 ) -> VTraceReturns:
     """V-trace targets from log importance ratios log(pi(a_t|x_t) / mu(a_t|x_t)).
 
@@ -84,9 +91,10 @@ def from_importance_weights(
         bootstrap_value: [B] value estimate V(x_T) after the last step.
         clip_rho_threshold: rho_bar of eq. (1); None disables clipping.
         clip_pg_rho_threshold: rho_bar^pg for the advantages; None disables clipping.
+        td_lambda: the trace lambda, in [0, 1]; the traces are c_i = lambda min(1, rho_i).
 
     Returns:
-        VTraceReturns(vs [T, B], pg_advantages [T, B]).
+        VTraceReturns(vs [T, B], pg_advantages [T, B], advantages [T, B]).
     """
     if log_rhos.dim() != 2:
         raise ValueError(
@@ -99,7 +107,7 @@ def from_importance_weights(
     _check_shape("bootstrap_value", bootstrap_value, shape[1:])
 
     rhos = _clipped_ratio(log_rhos, clip_rho_threshold)
-    cs = _clipped_ratio(log_rhos, 1.0)  # c_bar = 1 (trace cutting, Remark 1)
+    cs = td_lambda * _clipped_ratio(log_rhos, 1.0)  # c_bar = 1, times lambda
 
     # V(x_{t+1}) for every step, with V(x_T) = bootstrap_value.
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
@@ -115,9 +123,9 @@ def from_importance_weights(
 
     # Policy-gradient advantages use v_{t+1}, again bootstrapped by V(x_T).
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
+    advantages = rewards + discounts * next_vs - values
     pg_rhos = _clipped_ratio(log_rhos, clip_pg_rho_threshold)
-    pg_advantages = pg_rhos * (rewards + discounts * next_vs - values)
-    return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
+    return VTraceReturns(vs=vs, pg_advantages=pg_rhos * advantages, advantages=advantages)
 
 
 @torch.no_grad()
@@ -131,6 +139,7 @@ def from_logits(
     bootstrap_value: torch.Tensor,
     clip_rho_threshold: Optional[float] = 1.0,
     clip_pg_rho_threshold: Optional[float] = 1.0,
+    td_lambda: float = 1.0,
 ) -> VTraceFromLogitsReturns:
     """V-trace targets for categorical policies given their logits.
 
@@ -138,7 +147,7 @@ def from_logits(
         behaviour_policy_logits: [T, B, A] logits of the acting policy mu.
         target_policy_logits: [T, B, A] logits of the learner policy pi.
         actions: [T, B] int64 actions taken by mu.
-        discounts, rewards, values, bootstrap_value, clip_*: as in
+        discounts, rewards, values, bootstrap_value, clip_*, td_lambda: as in
             :func:`from_importance_weights`.
 
     Returns:
@@ -159,13 +168,14 @@ def from_logits(
     behaviour_log_probs = action_log_probs(behaviour_policy_logits)
     target_log_probs = action_log_probs(target_policy_logits)
     log_rhos = target_log_probs - behaviour_log_probs
-    vs, pg_advantages = from_importance_weights(
+    vs, pg_advantages, advantages = from_importance_weights(
         log_rhos, discounts, rewards, values, bootstrap_value,
-        clip_rho_threshold, clip_pg_rho_threshold,
+        clip_rho_threshold, clip_pg_rho_threshold, td_lambda,
     )
     return VTraceFromLogitsReturns(
         vs=vs,
         pg_advantages=pg_advantages,
+        advantages=advantages,
         log_rhos=log_rhos,
         behaviour_action_log_probs=behaviour_log_probs,
         target_action_log_probs=target_log_probs,

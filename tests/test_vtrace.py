@@ -10,16 +10,17 @@ from a3c import vtrace
 
 
 def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
-                     clip_rho_threshold, clip_pg_rho_threshold):
+                     clip_rho_threshold, clip_pg_rho_threshold, td_lambda=1.0):
     """Deliberately slow V-trace straight from Espeholt et al. (2018), eq. (1).
 
     vs_t = V_t + sum_{s>=t} (prod_{i=t}^{s-1} gamma_i c_i) rho_s (r_s + gamma_s V_{s+1} - V_s),
-    where gamma^{s-t} is the product of the per-step discounts. No recursion.
+    where gamma^{s-t} is the product of the per-step discounts and c_i = lambda min(1, rho_i).
+    No recursion. Returns (vs, pg_advantages, advantages).
     """
     T, B = log_rhos.shape
     ratios = np.exp(log_rhos)
     clip = lambda x, c: x if c is None else np.minimum(c, x)  # noqa: E731
-    rhos, cs = clip(ratios, clip_rho_threshold), clip(ratios, 1.0)
+    rhos, cs = clip(ratios, clip_rho_threshold), td_lambda * clip(ratios, 1.0)
     pg_rhos = clip(ratios, clip_pg_rho_threshold)
     values_ext = np.concatenate([values, bootstrap_value[None]], axis=0)  # V_0..V_T
 
@@ -36,8 +37,8 @@ def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value,
                 total += weight * delta
             vs[t, b] = total
     vs_ext = np.concatenate([vs, bootstrap_value[None]], axis=0)
-    pg_advantages = pg_rhos * (rewards + discounts * vs_ext[1:] - values)
-    return vs, pg_advantages
+    advantages = rewards + discounts * vs_ext[1:] - values
+    return vs, pg_rhos * advantages, advantages
 
 
 def random_inputs(T, B, seed=0, log_rho_range=2.5):
@@ -57,12 +58,13 @@ def run_vtrace(inputs, **clip):
     return result.vs.numpy(), result.pg_advantages.numpy()
 
 
-def assert_matches_reference(inputs, clip_rho, clip_pg_rho):
+def assert_matches_reference(inputs, clip_rho, clip_pg_rho, td_lambda=1.0):
     clip = dict(clip_rho_threshold=clip_rho, clip_pg_rho_threshold=clip_pg_rho)
-    vs, pg_advantages = run_vtrace(inputs, **clip)
-    ref_vs, ref_pg_advantages = reference_vtrace(**inputs, **clip)
-    np.testing.assert_allclose(vs, ref_vs, rtol=1e-12, atol=1e-12)
-    np.testing.assert_allclose(pg_advantages, ref_pg_advantages, rtol=1e-12, atol=1e-12)
+    result = vtrace.from_importance_weights(
+        **{k: torch.as_tensor(v, dtype=torch.float64) for k, v in inputs.items()}, **clip,
+        td_lambda=td_lambda)
+    for got, expected in zip(result, reference_vtrace(**inputs, **clip, td_lambda=td_lambda)):
+        np.testing.assert_allclose(got.numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("clip_rho, clip_pg_rho", [(1.0, 1.0), (3.7, 2.2), (None, None)])
@@ -72,6 +74,21 @@ def test_matches_paper_formula_with_active_clipping(clip_rho, clip_pg_rho):
     ratios = np.exp(inputs["log_rhos"])
     assert (ratios > 3.7).any() and (ratios < 1.0).any()
     assert_matches_reference(inputs, clip_rho, clip_pg_rho)
+
+
+@pytest.mark.parametrize("td_lambda", [0.0, 0.5, 0.95])
+@pytest.mark.parametrize("T, B", [(5, 3), (1, 3), (5, 1)], ids=["T=5,B=3", "T=1", "B=1"])
+def test_lambda_traces_match_paper_formula_with_c_scaled_by_lambda(td_lambda, T, B):
+    assert_matches_reference(random_inputs(T, B, seed=5), 1.0, 1.0, td_lambda)
+
+
+def test_lambda_zero_on_policy_gives_one_step_targets():
+    inputs = random_inputs(T=4, B=2, seed=6)
+    inputs["log_rhos"] = np.zeros_like(inputs["log_rhos"])
+    vs, _ = run_vtrace(inputs, td_lambda=0.0)
+    next_values = np.concatenate([inputs["values"][1:], inputs["bootstrap_value"][None]])
+    np.testing.assert_allclose(vs, inputs["rewards"] + inputs["discounts"] * next_values,
+                               rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("T, B", [(1, 3), (5, 1), (1, 1)], ids=["T=1", "B=1", "T=1,B=1"])
