@@ -17,6 +17,9 @@ its place; the trainer relies only on:
     With gradient, for the learner's loss.
 Properties ``is_continuous``, ``action_shape`` and ``action_dtype``
     Describe one action, so that the caller can allocate buffers.
+
+Optional: attributes ``obs_norm`` (an :class:`~a3c.normalize.ObservationNorm`) and
+``popart`` (a :class:`~a3c.normalize.PopArt`), or None; learners update them when present.
 """
 
 import math
@@ -28,6 +31,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributions import Categorical, Distribution, Independent, Normal
+
+from .normalize import ObservationNorm, PopArt
 
 __all__ = ["ActorCritic", "build_model", "copy_weights"]
 
@@ -66,8 +71,9 @@ def _cnn_torso(obs_shape: Sequence[int]) -> Tuple[nn.Module, int]:
             flat_dim = convs(torch.zeros(1, *obs_shape)).shape[1]
     except RuntimeError as error:
         raise ValueError(
-            f"observation shape {tuple(obs_shape)} is too small for the CNN torso; "
-            "pass cnn=False to use the MLP torso"
+            f"observation shape {tuple(obs_shape)} (channels, height, width) is too small for "
+            "the CNN torso, which needs images of at least 36x36; set model.cnn to false for "
+            "the MLP torso"
         ) from error
     return nn.Sequential(convs, _orthogonal(nn.Linear(flat_dim, 512), math.sqrt(2)), nn.ReLU()), 512
 
@@ -85,6 +91,9 @@ class ActorCritic(nn.Module):
         hidden_sizes: widths of the MLP torso layers.
         activation: ``"tanh"`` or ``"relu"`` for the MLP torso.
         cnn: use the CNN torso; ``None`` picks it for rank-3 ``Box`` observations.
+        normalize_obs: normalise observations by running statistics (MLP torso on
+            ``Box`` observations only: images and one-hot inputs are already scaled).
+        normalize_value: PopArt-normalised value head.
     """
 
     def __init__(
@@ -94,6 +103,8 @@ class ActorCritic(nn.Module):
         hidden_sizes: Sequence[int] = (64, 64),
         activation: str = "tanh",
         cnn: Optional[bool] = None,
+        normalize_obs: bool = False,
+        normalize_value: bool = False,
     ):
         super().__init__()
         if isinstance(observation_space, gym.spaces.Discrete):
@@ -104,13 +115,18 @@ class ActorCritic(nn.Module):
             raise ValueError(
                 f"unsupported observation space {observation_space}; expected Box or Discrete"
             )
+        image = self._obs_kind == "box" and len(observation_space.shape) == 3
         if cnn is None:
-            cnn = self._obs_kind == "box" and len(observation_space.shape) == 3
-        if cnn and not (self._obs_kind == "box" and len(observation_space.shape) == 3):
+            cnn = image
+        if cnn and not image:
             raise ValueError(
-                "the CNN torso needs a rank-3 Box [C, H, W] observation space, "
-                f"got {observation_space}"
+                "the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
+                f"[H, W, C]), got {observation_space}"
             )
+        # Images come as [C, H, W] (Atari's frame stack) or [H, W, C] (rendered frames,
+        # e.g. CarRacing's 96x96x3): few channels in the last axis means the latter.
+        shape = tuple(observation_space.shape)
+        self._channels_last = image and shape[-1] <= 4 < shape[0]
         if isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0:
             self._action_shape, n_params = (), int(action_space.n)
         elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
@@ -127,13 +143,22 @@ class ActorCritic(nn.Module):
         self._obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
         self.uses_cnn = bool(cnn)
         if self.uses_cnn:
-            self.torso, feature_dim = _cnn_torso(observation_space.shape)
+            chw = (shape[2], shape[0], shape[1]) if self._channels_last else shape
+            self.torso, feature_dim = _cnn_torso(chw)
         else:
             self.torso, feature_dim = _mlp_torso(in_dim, hidden_sizes, activation)
         self.policy_head = _orthogonal(nn.Linear(feature_dim, n_params), 0.01)
-        self.value_head = _orthogonal(nn.Linear(feature_dim, 1), 1.0)
+        self.value_head = _orthogonal(
+            PopArt(feature_dim) if normalize_value else nn.Linear(feature_dim, 1), 1.0)
+        self.obs_norm = ObservationNorm(observation_space.shape) \
+            if normalize_obs and self._obs_kind == "box" and not self.uses_cnn else None
         if self.is_continuous:
             self.log_std = nn.Parameter(torch.zeros(n_params))
+
+    @property
+    def popart(self) -> Optional[PopArt]:
+        """The value layer when it normalises value targets, else None."""
+        return self.value_head if isinstance(self.value_head, PopArt) else None
 
     @property
     def is_continuous(self) -> bool:
@@ -154,7 +179,11 @@ class ActorCritic(nn.Module):
         obs = obs.float()
         if self._obs_scale != 1.0:
             obs = obs * self._obs_scale
-        return obs if self.uses_cnn else obs.flatten(start_dim=1)
+        if self.obs_norm is not None:
+            obs = self.obs_norm(obs)
+        if not self.uses_cnn:
+            return obs.flatten(start_dim=1)
+        return obs.permute(0, 3, 1, 2) if self._channels_last else obs
 
     def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         features = self.torso(self._features_input(obs))
@@ -213,6 +242,9 @@ def build_model(
     hidden_sizes: Sequence[int] = (64, 64),
     activation: str = "tanh",
     cnn: Optional[bool] = None,
+    normalize_obs: bool = False,
+    normalize_value: bool = False,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
-    return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn)
+    return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
+                       normalize_obs, normalize_value)

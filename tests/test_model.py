@@ -12,8 +12,9 @@ N = 5
 CARTPOLE = (spaces.Box(-np.inf, np.inf, (4,), np.float32), spaces.Discrete(2))
 PENDULUM = (spaces.Box(-8.0, 8.0, (3,), np.float32), spaces.Box(-2.0, 2.0, (1,), np.float32))
 ATARI = (spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(6))
-SPACES = pytest.mark.parametrize("obs_space, action_space", [CARTPOLE, PENDULUM, ATARI],
-                                 ids=["cartpole", "pendulum", "atari"])
+CARRACING = (spaces.Box(0, 255, (96, 96, 3), np.uint8), spaces.Box(-1.0, 1.0, (3,), np.float32))
+SPACES = pytest.mark.parametrize("obs_space, action_space", [CARTPOLE, PENDULUM, ATARI, CARRACING],
+                                 ids=["cartpole", "pendulum", "atari", "carracing"])
 
 
 def batch(space, n=N):
@@ -62,6 +63,21 @@ def test_cnn_torso_is_chosen_for_images(cnn, uses_cnn):
     assert model.uses_cnn is uses_cnn
     assert any(isinstance(m, torch.nn.Conv2d) for m in model.modules()) is uses_cnn
     assert not build_model(*CARTPOLE).uses_cnn
+
+
+def test_height_width_channel_images_are_read_as_channels_first():
+    model = build_model(*CARRACING)
+    assert model.uses_cnn
+    assert model.torso[0][0].in_channels == 3
+    obs = batch(CARRACING[0])  # [N, 96, 96, 3]
+    channels_first = ActorCritic(spaces.Box(0, 255, (3, 96, 96), np.uint8), CARRACING[1])
+    channels_first.load_state_dict(model.state_dict())
+    torch.testing.assert_close(model(obs), channels_first(obs.permute(0, 3, 1, 2)))
+
+
+def test_an_image_too_small_for_the_cnn_says_how_small_and_what_to_set():
+    with pytest.raises(ValueError, match=r"at least 36x36; set model.cnn to false"):
+        build_model(spaces.Box(0, 255, (3, 20, 20), np.uint8), spaces.Discrete(2))
 
 
 @SPACES
