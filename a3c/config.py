@@ -25,7 +25,7 @@ from .files import write_atomically
 
 __all__ = [
     "Config", "EnvConfig", "ModelConfig", "ActorsConfig", "LearnersConfig", "OptimConfig",
-    "VTraceConfig", "LoggingConfig", "CheckpointConfig", "ConfigError", "load_config",
+    "VTraceConfig", "ReplayConfig", "LoggingConfig", "CheckpointConfig", "ConfigError", "load_config",
     "apply_overrides", "config_to_dict", "save_config", "config_table", "field_help",
 ]
 
@@ -52,6 +52,8 @@ class ModelConfig:
     hidden_sizes: list[int] = _f([64, 64], "sizes of the hidden layers of the MLP torso", ge=1)
     activation: str = _f("tanh", "activation of the hidden layers", choices=("tanh", "relu"))
     cnn: bool | None = _f(None, "CNN torso (null: auto, CNN for image observations)")
+    normalize_obs: bool = _f(True, "normalize vector observations by running mean and variance")
+    normalize_value: bool = _f(True, "PopArt: learn values in units of the running std of their targets")
 
 
 @dataclass
@@ -59,8 +61,9 @@ class ActorsConfig:
     mode: str = _f("process", "how actors run", choices=("process", "thread"))
     num: int = _f(2, "number of actors", ge=1)
     envs_per_actor: int = _f(8, "environments stepped by each actor", ge=1)
-    unroll_length: int = _f(20, "steps per fragment (T)", ge=1)
-    queue_capacity: int = _f(256, "fragments the queue holds (>= learners.batch_size)", ge=1)
+    unroll_length: int = _f(16, "steps per fragment (T)", ge=1)
+    queue_capacity: int = _f(64, "fragments the queue holds (>= learners.batch_size); small keeps data fresh",
+                            ge=1)
     max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
 
 
@@ -69,16 +72,22 @@ class LearnersConfig:
     num: int = _f(1, "learner threads (Hogwild)", ge=1)
     batch_size: int = _f(32, "fragments per update (B)", ge=1)
     gamma: float = _f(0.99, "discount factor", ge=0, le=1)
-    ent_coef: float = _f(0.01, "entropy bonus coefficient", ge=0)
+    ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)
     vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
     max_grad_norm: float = _f(40.0, "gradient norm clipping threshold", gt=0)
+    epochs: int = _f(2, "passes over each fresh batch (more reuse per fragment)", ge=1)
+    minibatches: int = _f(8, "gradient steps per pass: the batch's fragments split in this many parts",
+                          ge=1)
+    clip_coef: float | None = _f(
+        0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
+    normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     device: str = _f("cpu", "learner device: cpu | cuda | cuda:N")
 
 
 @dataclass
 class OptimConfig:
-    name: str = _f("rmsprop", "optimizer", choices=("rmsprop", "adam"))
-    lr: float = _f(7e-4, "learning rate", gt=0)
+    name: str = _f("adam", "optimizer", choices=("rmsprop", "adam"))
+    lr: float = _f(1e-3, "learning rate", gt=0)
     lr_schedule: str = _f("constant", "learning rate schedule (linear: to 0 at total_timesteps)",
                           choices=("constant", "linear"))
     eps: float = _f(1e-5, "optimizer epsilon", gt=0)
@@ -91,6 +100,14 @@ class VTraceConfig:
     clip_rho_threshold: float | None = _f(1.0, "V-trace rho clip (null: no clipping)", gt=0)
     clip_pg_rho_threshold: float | None = _f(1.0, "V-trace policy-gradient rho clip (null: no clipping)",
                                              gt=0)
+    td_lambda: float = _f(0.95, "trace lambda: 1 is IMPALA's V-trace, lower trades variance for bias",
+                          ge=0, le=1)
+
+
+@dataclass
+class ReplayConfig:
+    ratio: float = _f(0.0, "replayed fragments per fresh fragment, at most (0: no replay)", ge=0)
+    window: int = _f(256, "fragments replay draws from: the most recent ones", ge=1)
 
 
 @dataclass
@@ -118,6 +135,7 @@ class Config:
     learners: LearnersConfig = field(default_factory=LearnersConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     vtrace: VTraceConfig = field(default_factory=VTraceConfig)
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
 
@@ -311,6 +329,11 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
     if "name" not in bad and (not cfg.name or cfg.name.startswith(".") or re.search(r"[/\\]", cfg.name)):
         problems.append(f"name: {cfg.name!r} is not allowed; use a folder name without '/' or '\\' "
                         f"that does not start with '.'")
+    if not ({"learners.minibatches", "learners.batch_size"} & bad) \
+            and cfg.learners.minibatches > cfg.learners.batch_size:
+        problems.append(f"learners.minibatches: {cfg.learners.minibatches} is larger than "
+                        f"learners.batch_size ({cfg.learners.batch_size}); "
+                        f"allowed: minibatches <= batch_size")
     if not ({"actors.queue_capacity", "learners.batch_size"} & bad) \
             and cfg.actors.queue_capacity < cfg.learners.batch_size:
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "

@@ -1,6 +1,7 @@
 """Metrics: a small facade over TensorBoard, and the monitor thread that feeds it.
 
-Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/.
+Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/,
+replay/.
 Tests swap TensorBoard for `MemorySink`.
 """
 from __future__ import annotations
@@ -143,15 +144,21 @@ class Monitor(threading.Thread):
         for name in self.counters.names:
             if name.endswith("_s"):  # seconds summed over workers -> cores busy on that part
                 scalar(f"perf/cores_{name[:-2]}", (counts[name] - before[name]) / dt, step)
-        stats = [self.learner_stats.popleft() for _ in range(len(self.learner_stats))]
-        if stats:
-            losses, lag_means, lag_maxes, lrs = zip(*stats)
-            scalar("losses/policy", np.mean([s.policy for s in losses]), step)
-            scalar("losses/value", np.mean([s.value for s in losses]), step)
-            scalar("losses/entropy", np.mean([s.entropy for s in losses]), step)
-            scalar("policy_lag/mean", np.mean(lag_means), step)
-            scalar("policy_lag/max", max(lag_maxes), step)
-            scalar("charts/learning_rate", lrs[-1], step)
+        gets = counts["queue_gets"] - before["queue_gets"]
+        if gets:  # replayed fragments per fresh fragment over the interval
+            scalar("replay/ratio", (counts["replayed"] - before["replayed"]) / gets, step)
+        steps = [self.learner_stats.popleft() for _ in range(len(self.learner_stats))]
+        if steps:
+            scalar("losses/policy", np.mean([s.loss.policy for s in steps]), step)
+            scalar("losses/value", np.mean([s.loss.value for s in steps]), step)
+            scalar("losses/entropy", np.mean([s.loss.entropy for s in steps]), step)
+            scalar("losses/clip_fraction", np.mean([s.loss.clip_fraction for s in steps]), step)
+            scalar("policy_lag/mean", np.mean([s.lag_mean for s in steps]), step)
+            scalar("policy_lag/max", max(s.lag_max for s in steps), step)
+            scalar("charts/learning_rate", steps[-1].lr, step)
+            replayed = [s.lag_mean for s in steps if s.replayed]
+            if replayed:  # in policy versions (updates) since the replayed data was acted
+                scalar("replay/age_mean", np.mean(replayed), step)
         self.sink.flush()
         self._last = (now, counts)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from replay import ArrayQueue, Counters
+from replay import ArrayQueue, Counters, ReplayBuffer
 
 from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
@@ -32,7 +32,7 @@ from .optim import build_optimizer
 __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "load_state"]
 
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
-            "queue_puts", "queue_gets", "actor_restarts", "nonfinite_losses")
+            "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses")
 # Seconds spent, summed over workers: the per-part time profile.
 TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "learner_queue_s", "learner_update_s")
 _EPISODE_QUEUE = 4096
@@ -44,7 +44,10 @@ def build_default_model(cfg: Config) -> torch.nn.Module:
     env = make_env(cfg.env)
     try:
         return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
-                           cfg.model.activation, cfg.model.cnn)
+                           cfg.model.activation, cfg.model.cnn, cfg.model.normalize_obs,
+                           cfg.model.normalize_value)
+    except ValueError as error:  # spaces the model cannot take: say so, in one line
+        raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:
         env.close()
 
@@ -119,11 +122,16 @@ class Trainer:
         env.close()
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
+        # The learners' replay: the last `window` fresh fragments, drawn at most `ratio`
+        # times per fragment added (the buffer's sample-to-insert limit).
+        self.replay = ReplayBuffer(cfg.replay.window, dtype, samples_per_insert=cfg.replay.ratio,
+                                   min_size_to_sample=cfg.learners.batch_size) \
+            if cfg.replay.ratio > 0 else None
         learner_stats: deque = deque(maxlen=10_000)
-        stop = threading.Event()
+        stop, lock = threading.Event(), threading.Lock()
         learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
                                      args=(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, learner_stats, stop))
+                                           self.counters, learner_stats, stop, self.replay, lock))
                     for i in range(cfg.learners.num)]
         sink = monitor = None
         try:
@@ -153,6 +161,8 @@ class Trainer:
             later.callback(torch.set_num_threads, threads)
             later.callback(self.counters.close)
             later.callback(self.episodes.close)
+            if self.replay is not None:
+                later.callback(self.replay.close)
             if sink is not None and self._sink is None:
                 later.callback(sink.close)
             if monitor is not None:

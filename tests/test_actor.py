@@ -61,7 +61,7 @@ class ActorRun:
         self.cfg = load_config({
             "env": {"id": ENV_ID},
             "actors": {"num": 1, "envs_per_actor": E, "unroll_length": T, "queue_capacity": queue_capacity},
-            "learners": {"batch_size": min(queue_capacity, 4)},
+            "learners": {"batch_size": min(queue_capacity, 4), "minibatches": 1},
         })
         self.model = build_model(CounterEnv.observation_space, CounterEnv.action_space)
         self.model.share_memory()

@@ -13,7 +13,7 @@ from a3c.metrics import MemorySink
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
 TINY = dict(actors__mode="thread", actors__num=1, actors__envs_per_actor=2, actors__unroll_length=5,
-            learners__batch_size=4, actors__queue_capacity=16, logging__progress=False,
+            learners__batch_size=4, learners__minibatches=1, actors__queue_capacity=16, logging__progress=False,
             logging__interval_s=0.5, checkpoint__interval_s=0)
 
 

@@ -68,8 +68,12 @@ class FixedModel(nn.Module):
 
 
 def config(**learners):
+    """IMPALA's loss (no clipping, raw advantages, lambda 1), one step per batch, unless
+    the test asks for more."""
     return load_config({"learners": {"gamma": 0.9, "vf_coef": 0.5, "ent_coef": 0.01, "batch_size": 4,
-                                     **learners},
+                                     "epochs": 1, "minibatches": 1, "clip_coef": None,
+                                     "normalize_advantages": False, **learners},
+                        "vtrace": {"td_lambda": 1.0},
                         "actors": {"queue_capacity": 16}})
 
 
@@ -123,7 +127,7 @@ def test_on_policy_loss_is_the_n_step_actor_critic_loss_with_cut_and_bootstrappe
     expected = policy + 0.5 * value - 0.01 * ENTROPY
 
     model = FixedModel()
-    loss, stats = compute_loss(model, batch, config(gamma=g))
+    loss, stats, _ = compute_loss(model, batch, config(gamma=g))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert stats.policy == pytest.approx(policy, rel=1e-5)
     assert stats.value == pytest.approx(value, rel=1e-5)
@@ -161,8 +165,45 @@ def test_off_policy_loss_weights_by_clipped_importance_ratios(clip):
     adv = rho * delta
     expected = (-np.mean(np.array([LOGP[1], LOGP[0]]) * adv) + 0.5 * 0.5 * np.mean((vs - V) ** 2)
                 - 0.01 * ENTROPY)
-    loss, _ = compute_loss(FixedModel(), batch, cfg)
+    loss = compute_loss(FixedModel(), batch, cfg).total
     assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+
+def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_past_the_clip():
+    """pi/mu is 1.5 for action 1 (beyond 1 + 0.2: its term is clipped, no gradient) and
+    0.5 for action 0 (below 1 - 0.2, but with a positive advantage min() keeps the
+    unclipped term). The advantage is r + gamma V(x_1) - V(x_0) for both."""
+    g, V, r, boot = 0.9, 0.5, 1.0, 4.0
+    batch = hand_batch([[V], [V]], [[r], [r]], [[1], [0]], [boot, boot],
+                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
+    cfg = config(gamma=g, clip_coef=0.2)
+    model = FixedModel()
+    loss, stats, _ = compute_loss(model, batch, cfg)
+    A = r + g * boot - V
+    assert stats.policy == pytest.approx(-(1.2 * A + 0.5 * A) / 2, rel=1e-5)
+    assert stats.clip_fraction == 1.0
+    rho = np.array([1.0, 0.5])  # V-trace's value targets still use the clipped rho
+    assert stats.value == pytest.approx(0.5 * np.mean((rho * A) ** 2), rel=1e-5)
+
+    loss.backward()
+    expected = FixedModel()  # only action 0's unclipped term carries a gradient
+    ratio0 = torch.exp(torch.log_softmax(expected.logits, -1)[0] - math.log(0.5))
+    (-(ratio0 * A) / 2 - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
+    torch.testing.assert_close(model.logits.grad, expected.logits.grad)
+
+
+def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
+    g, V = 0.9, 0.5
+    actions = [[1], [0], [1], [0]]
+    behaviour = [[math.log(0.7)], [LOGP[0]], [math.log(0.7)], [LOGP[0]]]  # ratios 0.75/0.7 and 1
+    batch = hand_batch([[V]] * 4, [[1.0], [2.0], [-3.0], [10.0]], actions, [4.0] * 4,
+                       behaviour_logp=behaviour)
+    cfg = config(gamma=g, clip_coef=0.2, normalize_advantages=True)
+    adv = np.array([1.0, 2.0, -3.0, 10.0]) + g * 4.0 - V
+    adv = (adv - adv.mean()) / adv.std(ddof=1)
+    ratio = np.array([0.75 / 0.7, 1.0, 0.75 / 0.7, 1.0])
+    assert compute_loss(FixedModel(), batch, cfg).stats.policy == pytest.approx(
+        -np.mean(ratio * adv), rel=1e-5)
 
 
 # ------------------------------------------------------------------------ batch_from_fragments
@@ -312,7 +353,7 @@ def test_non_finite_loss_is_skipped_counted_and_leaves_parameters_unchanged(harn
     assert h.counters["policy_version"] == 0
     for p, p0 in zip(model.parameters(), before):
         torch.testing.assert_close(p.detach(), p0)
-    assert all((sq == 0).all() for sq in h.optimizer.state["square_avg"])
+    assert all((t == 0).all() for ts in h.optimizer.state.values() for t in ts)  # no step taken
     assert not h.stats
 
 
@@ -342,9 +383,10 @@ def test_two_learner_threads_update_one_shared_model_and_optimizer(harnesses):
     assert h.counters["policy_version"] == 2
     assert h.counters["queue_gets"] == 8
     assert any(not torch.equal(p.detach(), p0) for p, p0 in zip(model.parameters(), before))
-    (loss_stats, lag_mean, lag_max, lr), _ = h.stats
-    assert lr == cfg.optim.lr
-    assert lag_max >= 0
+    step, _ = h.stats
+    assert step.lr == cfg.optim.lr
+    assert step.lag_max >= 0
+    assert not step.replayed
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
@@ -354,7 +396,7 @@ def test_a_learner_that_dies_stops_the_run_with_an_error_instead_of_hanging(tmp_
 
     cfg = load_config({"actors": {"mode": "thread", "num": 1, "envs_per_actor": 2, "unroll_length": 5,
                                   "queue_capacity": 16},
-                       "learners": {"batch_size": 4}, "total_timesteps": 100_000,
+                       "learners": {"batch_size": 4, "minibatches": 1}, "total_timesteps": 100_000,
                        "logging": {"progress": False, "interval_s": 0.5, "run_root": str(tmp_path)},
                        "checkpoint": {"interval_s": 0}})
     model = build_default_model(cfg)
