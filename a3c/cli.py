@@ -7,9 +7,9 @@ import signal
 import sys
 from pathlib import Path
 
-from .checkpoint import CheckpointError, latest_checkpoint, load_checkpoint
-from .config import ConfigError, load_config, save_config
-from .envs import EnvError
+# What each optional module comes with: `pip install -e ".[train]"` and so on.
+_EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
+           "tqdm": "train", "ale_py": "atari", "cv2": "atari"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -28,7 +28,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _train(args) -> None:
+    import tensorboard  # noqa: F401  (what the run's charts need, checked before any worker starts)
+    import tqdm  # noqa: F401
+
     from .api import new_run_dir
+    from .checkpoint import latest_checkpoint, load_checkpoint
+    from .config import ConfigError, load_config, save_config
     from .runner import Trainer, build_default_model, check_compatible
 
     if args.resume:
@@ -41,8 +46,9 @@ def _train(args) -> None:
         if not args.config:
             raise ConfigError(["a config file is needed: a3c train configs/cartpole.yaml"])
         cfg = load_config(args.config, args.overrides)
-        run_dir, state = new_run_dir(cfg), None
-    model = build_default_model(cfg)  # environment errors surface here, before any worker
+        run_dir, state = None, None
+    model = build_default_model(cfg)  # environment errors surface here, before any folder
+    run_dir = run_dir or new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
     print(f"run folder: {run_dir}  (tensorboard --logdir {run_dir.parent})", file=sys.stderr)
@@ -74,9 +80,22 @@ def main(argv: list[str] | None = None) -> None:
     # SIGTERM stops a run the way Ctrl-C does: workers stop, a checkpoint is written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     try:
-        {"train": _train, "eval": _eval}[args.command](args)
-    except (ConfigError, CheckpointError, EnvError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        from .checkpoint import CheckpointError
+        from .config import ConfigError
+        from .envs import EnvError
+
+        try:
+            {"train": _train, "eval": _eval}[args.command](args)
+        except (ConfigError, CheckpointError, EnvError) as error:
+            print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+    except ModuleNotFoundError as error:
+        extra = _EXTRAS.get((error.name or "").partition(".")[0])
+        if extra is None:
+            raise
+        print(f"error: a3c {args.command} needs {error.name!r}, which is not installed; install "
+              f"the {extra!r} extra: pip install \"a3c-replay[{extra}]\" (from a clone: "
+              f"pip install -e \".[{extra}]\")", file=sys.stderr)
         raise SystemExit(2) from None
 
 

@@ -25,7 +25,7 @@ CONFIG = ROOT / "configs" / "cartpole.yaml"
 _SCRIPT = Path(sys.executable).with_name("a3c")
 A3C = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]
 
-TINY = ["actors.num=2", "actors.envs_per_actor=2", "actors.unroll_length=5", "learners.batch_size=4",
+TINY = ["actors.num=2", "actors.envs_per_actor=2", "actors.unroll_length=5", "learners.batch_size=4", "learners.minibatches=1",
         "actors.queue_capacity=16", "logging.progress=false", "logging.interval_s=0.5",
         "checkpoint.interval_s=0"]
 
@@ -222,6 +222,38 @@ def test_unknown_env_id_is_a_short_error_without_traceback(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("missing", ["tqdm", "tensorboard", "torch"])
+def test_train_without_the_train_extra_names_the_extra_to_install(missing, tmp_path):
+    """As if `pip install -e .` had been run without `[train]`: the module is unimportable."""
+    code = (f"import sys; sys.modules[{missing!r}] = None; from a3c.cli import main; "
+            f"main(['train', {str(CONFIG)!r}, 'logging.run_root={tmp_path}'])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip() == (
+        f"error: a3c train needs {missing!r}, which is not installed; install the 'train' extra: "
+        f'pip install "a3c-replay[train]" (from a clone: pip install -e ".[train]")')
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_images_too_small_for_the_cnn_are_a_one_line_error(tmp_path):
+    code = ("import gymnasium as gym, numpy as np, sys\n"
+            "class Tiny(gym.Env):\n"
+            "    observation_space = gym.spaces.Box(0, 255, (3, 20, 20), np.uint8)\n"
+            "    action_space = gym.spaces.Discrete(2)\n"
+            "    def __init__(self, render_mode=None): pass\n"
+            "gym.register('TinyImage-v0', entry_point=Tiny)\n"
+            "from a3c.cli import main\n"
+            f"main(['train', {str(CONFIG)!r}, 'env.id=TinyImage-v0', 'logging.run_root={tmp_path}'])")
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120)
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert "too small for the CNN torso" in result.stderr and "model.cnn" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_resume_from_a_corrupt_checkpoint_is_a_one_line_error(trained, tmp_path):
     run_dir = copy_of(trained[1], tmp_path)
     config_before = (run_dir / "config.yaml").read_bytes()
@@ -244,8 +276,8 @@ def test_resume_with_another_config_is_a_one_line_error_and_leaves_the_run_alone
 
 def test_resume_with_another_optimizer_is_a_one_line_error(trained, tmp_path):
     run_dir = copy_of(trained[1], tmp_path)
-    result = a3c("train", "--resume", run_dir, "optim.name=adam")
-    assert_one_line_error(result, "the checkpoint was trained with optim.name", "adam")
+    result = a3c("train", "--resume", run_dir, "optim.name=rmsprop")
+    assert_one_line_error(result, "the checkpoint was trained with optim.name", "rmsprop")
 
 
 def test_eval_of_a_folder_without_checkpoint_is_a_one_line_error(tmp_path):
