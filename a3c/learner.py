@@ -221,6 +221,16 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         counters.add("learner_update_s", time.perf_counter() - started)
 
 
+def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:
+    """The learners' replay, None when `replay.ratio` is 0: the last `replay.window` fresh
+    fragments, each drawn at most `replay.ratio` times per fragment added on average (the
+    buffer's sample-to-insert limit), and none before a whole batch was added."""
+    if cfg.replay.ratio == 0:
+        return None
+    return ReplayBuffer(cfg.replay.window, dtype, samples_per_insert=cfg.replay.ratio,
+                        min_size_to_sample=cfg.learners.batch_size)
+
+
 def _minibatches(batch: Batch, n: int) -> list[Batch]:
     """The batch's fragments in `n` random parts of (nearly) equal size."""
     if n == 1:

@@ -18,13 +18,13 @@ from pathlib import Path
 
 import torch
 
-from replay import ArrayQueue, Counters, ReplayBuffer
+from replay import ArrayQueue, Counters
 
 from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import make_env
-from .learner import run_learner
+from .learner import replay_buffer, run_learner
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
@@ -122,11 +122,7 @@ class Trainer:
         env.close()
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
-        # The learners' replay: the last `window` fresh fragments, drawn at most `ratio`
-        # times per fragment added (the buffer's sample-to-insert limit).
-        self.replay = ReplayBuffer(cfg.replay.window, dtype, samples_per_insert=cfg.replay.ratio,
-                                   min_size_to_sample=cfg.learners.batch_size) \
-            if cfg.replay.ratio > 0 else None
+        self.replay = replay_buffer(cfg, dtype)
         learner_stats: deque = deque(maxlen=10_000)
         stop, lock = threading.Event(), threading.Lock()
         learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,

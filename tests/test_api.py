@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from a3c import A3C
+from a3c.api import evaluate
 from a3c.checkpoint import CheckpointError
 from a3c.metrics import MemorySink
 
@@ -97,6 +98,33 @@ def test_a_loaded_agent_continues_learning_from_its_counters(agent, tmp_path):
     assert loaded.learn(500, run_dir=tmp_path / "more", sink=MemorySink()) is loaded
     assert loaded.num_timesteps >= before + 500
     assert (tmp_path / "more" / "checkpoint.pt").is_file()
+
+
+def test_normalizer_statistics_are_saved_loaded_and_carried_on_by_a_resumed_run(agent, tmp_path):
+    assert agent.model.obs_norm.count > 0 and agent.model.popart.debias > 0  # learned
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    loaded = A3C.load(path)
+    saved = dict(agent.model.named_buffers())
+    for name, value in loaded.model.named_buffers():
+        torch.testing.assert_close(value, saved[name], msg=f"buffer {name} not restored")
+    count = float(loaded.model.obs_norm.count)
+    loaded.learn(500, run_dir=tmp_path / "more", sink=MemorySink())
+    assert loaded.model.obs_norm.count > count  # merged into, not restarted
+
+
+def test_predict_and_evaluate_see_observations_through_the_normalizer_without_updating_it(
+        agent, observations):
+    norm = agent.model.obs_norm
+    seen, count = [], float(norm.count)
+    hook = norm.register_forward_hook(lambda module, args, out: seen.append(len(args[0])))
+    try:
+        agent.predict(observations)
+        evaluate(agent.model, agent.config, episodes=1)
+    finally:
+        hook.remove()
+    assert seen[0] == len(observations) and len(seen) > 1
+    assert float(norm.count) == count
 
 
 def test_loading_a_file_that_is_not_a_checkpoint_raises_checkpoint_error(tmp_path):

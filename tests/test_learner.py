@@ -15,7 +15,7 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import Batch, batch_from_fragments, compute_loss, run_learner
+from a3c.learner import Batch, batch_from_fragments, compute_loss, replay_buffer, run_learner
 from a3c.optim import SharedAdam, SharedRMSprop
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
@@ -302,19 +302,24 @@ class LearnerHarness:
         model.share_memory()
         self.optimizer = (SharedAdam if cfg.optim.name == "adam" else SharedRMSprop)(
             model.parameters(), cfg.optim.lr)
-        self.fragments = ArrayQueue(cfg.actors.queue_capacity, fragment_dtype(OBS_SPACE, ACTION_SPACE, 3))
+        dtype = fragment_dtype(OBS_SPACE, ACTION_SPACE, 3)
+        self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
+        buffer = replay_buffer(cfg, dtype)
+        self.replay = RecordingReplay(buffer) if buffer is not None else None
         self.counters = Counters(COUNTERS, TIMERS)
         self.stats: deque = deque()
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=run_learner, args=(cfg, model, self.optimizer, self.fragments,
-                                                                   self.counters, self.stats, self.stop))
+                                                                   self.counters, self.stats, self.stop,
+                                                                   self.replay))
                         for _ in range(num)]
         for thread in self.threads:
             thread.start()
 
-    def put(self, n):
+    def put(self, n, mark=0.5):
+        """n fragments whose observations are all `mark`."""
         f = fragments(3, n)
-        f["obs"][..., 0] = 0.5
+        f["obs"][..., 0] = mark
         f["reward"] = 1.0
         f["action"] = 1
         f["logp"] = LOGP[1]
@@ -333,6 +338,26 @@ class LearnerHarness:
             thread.join(10)
         assert not any(thread.is_alive() for thread in self.threads)
         self.counters.close()
+        if self.replay is not None:
+            self.replay.buffer.close()
+
+
+class RecordingReplay:
+    """A learner's ReplayBuffer that records the mark of every fragment added and drawn."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.added: list[float] = []  # marks, in the order added
+        self.draws: list[tuple[list[float], int]] = []  # (marks drawn, len(added) then)
+
+    def add_many(self, items):
+        self.buffer.add_many(items)
+        self.added += items["obs"][:, 0, 0].tolist()
+
+    def sample(self, n, **kw):
+        out = self.buffer.sample(n, **kw)
+        self.draws.append((out["obs"][:, 0, 0].tolist(), len(self.added)))
+        return out
 
 
 @pytest.fixture
@@ -415,3 +440,36 @@ def test_a_learner_that_dies_stops_the_run_with_an_error_instead_of_hanging(tmp_
     assert "learner thread died" in str(info.value)
     assert trainer.counters["updates"] == 0
     assert (tmp_path / "run" / "checkpoint.pt").is_file()  # the usual shutdown still ran
+
+
+# ------------------------------------------------------------------------------------ replay
+REPLAY_BASE = {"learners": {"batch_size": 4, "epochs": 1, "minibatches": 1}, "actors": {"queue_capacity": 16}}
+
+
+def test_an_idle_learner_replays_up_to_the_replay_ratio_and_no_further(harnesses):
+    ratio, B, fresh = 2.0, 4, 16
+    h = harnesses(load_config({**REPLAY_BASE, "replay": {"ratio": ratio, "window": 16}}), FixedModel())
+    h.put(fresh)
+    assert h.wait_for("queue_gets", fresh) == fresh
+    # The buffer's limit: drawn + B <= ratio * (added - B) + error_buffer (2 * ratio).
+    limit = int(ratio * (fresh - B) + 2 * ratio)
+    assert h.wait_for("replayed", limit) == limit
+    time.sleep(0.5)  # the actors are idle and the learner could replay more: it must not
+    assert h.counters["replayed"] == limit
+    assert h.counters["updates"] == (fresh + limit) // B
+    assert sum(step.replayed for step in h.stats) == limit // B
+
+
+def test_no_fragment_is_replayed_after_it_left_the_window(harnesses):
+    window, B = 8, 4
+    h = harnesses(load_config({**REPLAY_BASE, "replay": {"ratio": 8.0, "window": window}}), FixedModel())
+    for mark in range(1, 9):  # batch after batch, the learner replaying in between
+        h.put(B, mark=float(mark))
+        h.wait_for("queue_gets", mark * B)
+        h.wait_for("replayed", 1 + h.counters["replayed"], timeout=2.0)
+    draws = list(h.replay.draws)
+    assert len(draws) >= 8
+    for marks, added in draws:
+        assert set(marks) <= set(h.replay.added[max(0, added - window):added]), \
+            f"drew {sorted(set(marks))} when the window held {h.replay.added[added - window:added]}"
+    assert {m for marks, _ in draws for m in marks} >= {6.0, 7.0, 8.0}  # recent ones are drawn
