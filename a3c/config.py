@@ -75,7 +75,7 @@ class LearnersConfig:
     ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)
     vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
     max_grad_norm: float = _f(40.0, "gradient norm clipping threshold", gt=0)
-    epochs: int = _f(2, "passes over each fresh batch (more reuse per fragment)", ge=1)
+    epochs: int = _f(4, "passes over each fresh batch (more reuse per fragment)", ge=1)
     minibatches: int = _f(8, "gradient steps per pass: the batch's fragments split in this many parts",
                           ge=1)
     clip_coef: float | None = _f(
@@ -88,7 +88,7 @@ class LearnersConfig:
 class OptimConfig:
     name: str = _f("adam", "optimizer", choices=("rmsprop", "adam"))
     lr: float = _f(1e-3, "learning rate", gt=0)
-    lr_schedule: str = _f("constant", "learning rate schedule (linear: to 0 at total_timesteps)",
+    lr_schedule: str = _f("linear", "learning rate schedule (linear: to 0 at total_timesteps)",
                           choices=("constant", "linear"))
     eps: float = _f(1e-5, "optimizer epsilon", gt=0)
     alpha: float = _f(0.99, "RMSprop smoothing constant", ge=0, lt=1)
