@@ -1,12 +1,17 @@
-"""Time to solve CartPole-v1: this trainer against Stable-Baselines3 A2C and PPO.
+"""Time to a trained policy on the classic suite: this trainer's shipped configs against
+Stable-Baselines3 PPO with the RL Zoo's hyperparameters, side by side in one run.
 
-For each seed, measures wall-clock seconds and env steps until the mean return of the
-last 100 episodes reaches 475 (budget 500k steps), side by side in one run, and prints
-medians and ratios. Also prints training throughput against the raw throughput of the
-same environments stepped with random actions on the same cores.
+Every method trains every task for the same budget (the config's total_timesteps), with
+no early stop, one run at a time, torch on one thread in the trainer's process. For each
+run it records the wall seconds from launch (building the agent; imports excluded) until
+the mean return of the last 100 episodes first reaches the task's threshold, the env
+steps at that moment, and the mean of the last 100 episodes at the end of the budget
+(a run that solves and then collapses ends below the threshold). For this trainer it also
+records throughput, the learner's busy fraction and the sample reuse, with the shipped
+config and with reuse switched off.
 
-    python scripts/bench_train.py                 # 5 seeds
-    python scripts/bench_train.py --seeds 1 2 3 --only a3c
+    python scripts/bench_train.py                                   # all (about 45 min on 2 cores)
+    python scripts/bench_train.py --tasks acrobot --seeds 1 2 3 --only a3c ppo
 """
 from __future__ import annotations
 
@@ -14,111 +19,186 @@ import argparse
 import importlib.util
 import statistics
 import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 
-TARGET, BUDGET = 475.0, 500_000
+ROOT = Path(__file__).resolve().parents[1]
+WINDOW = 100
 
 
-PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
-         "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
-         "learner_queue_s": "learner: waiting in get_many"}
-profiles: list[dict] = []  # cores busy per part, one dict per A3C run
+@dataclass(frozen=True)
+class Task:
+    env_id: str
+    config: str
+    threshold: float
+    seeds: tuple[int, ...]
 
 
-def run_a3c(seed: int) -> tuple[float, int, bool]:
+TASKS = {
+    "cartpole": Task("CartPole-v1", "configs/cartpole.yaml", 475.0, (1, 2, 3, 4, 5)),
+    "acrobot": Task("Acrobot-v1", "configs/acrobot.yaml", -100.0, (1, 2, 3)),
+    "pendulum": Task("Pendulum-v1", "configs/pendulum.yaml", -250.0, (1, 2, 3)),
+}
+
+# This trainer's variants: the shipped config, and the same with one pass over each
+# fragment (IMPALA's diet), and with that single pass topped up from the replay buffer.
+A3C_VARIANTS = {
+    "a3c": {},
+    "a3c-noreuse": {"learners__epochs": 1, "learners__minibatches": 1},
+    "a3c-replay": {"learners__epochs": 1, "learners__minibatches": 1, "replay__ratio": 3.0},
+}
+
+
+@dataclass
+class Result:
+    """One run: when the last-100 mean first reached the threshold, and how it ended."""
+    threshold: float
+    start: float = field(default_factory=time.perf_counter)
+    window: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    hit: tuple[float, int] | None = None  # (wall seconds from launch, env steps)
+    wall: float = 0.0
+    steps: int = 0
+    extra: dict = field(default_factory=dict)
+
+    def episode(self, step: int, ret: float) -> None:
+        self.window.append(ret)
+        if self.hit is None and len(self.window) == WINDOW and np.mean(self.window) >= self.threshold:
+            self.hit = (time.perf_counter() - self.start, step)
+
+    def finish(self, steps: int) -> Result:
+        self.wall, self.steps = time.perf_counter() - self.start, steps
+        return self
+
+    @property
+    def final(self) -> float:
+        return float(np.mean(self.window)) if len(self.window) == WINDOW else float("nan")
+
+    @property
+    def solved(self) -> bool:
+        return self.final >= self.threshold
+
+
+def run_a3c(task: Task, seed: int, budget: int, overrides: dict) -> Result:
     from a3c import A3C
+    from a3c.metrics import MemorySink
 
-    start = time.perf_counter()
-    agent = A3C("configs/cartpole.yaml", seed=seed, target_return=TARGET,
-                logging__progress=False, logging__run_root="/tmp/a3c-bench-runs")
-    agent.learn(BUDGET)
-    wall = time.perf_counter() - start
-    counters = agent.counters
-    profiles.append({part: counters[part] / wall for part in PARTS})
-    solved = len(agent.recent_returns) == 100 and np.mean(agent.recent_returns) >= TARGET
-    return wall, agent.num_timesteps, solved
+    class Episodes(MemorySink):
+        def scalar(self, tag, value, step):
+            if tag == "charts/episodic_return":
+                result.episode(step, value)
+
+    result = Result(task.threshold)
+    agent = A3C(ROOT / task.config, seed=seed, logging__progress=False, checkpoint__interval_s=0,
+                logging__run_root="/tmp/a3c-bench-runs", **overrides)
+    agent.learn(budget, sink=Episodes())
+    result.finish(agent.num_timesteps)
+    c = agent.counters
+    fresh = max(c["queue_gets"], 1)
+    epochs = overrides.get("learners__epochs", agent.config.learners.epochs)
+    result.extra = {"learner_busy": c["learner_update_s"] / result.wall,
+                    "replay_ratio": c["replayed"] / fresh,
+                    "reuse": epochs * (fresh + c["replayed"]) / fresh}
+    return result
 
 
-def run_sb3(algo: str, seed: int) -> tuple[float, int, bool]:
+def zoo_hyperparams(env_id: str) -> dict:
+    """RL Zoo's PPO hyperparameters for env_id, as keyword arguments."""
+    import rl_zoo3
+    import yaml
+
+    path = Path(rl_zoo3.__file__).parent / "hyperparams" / "ppo.yml"
+    return dict(yaml.safe_load(path.read_text())[env_id])
+
+
+def run_ppo(task: Task, seed: int, budget: int) -> Result:
     import torch
-    from stable_baselines3 import A2C, PPO
+    from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
 
     torch.set_num_threads(1)
 
-    class StopAtTarget(BaseCallback):
+    class Episodes(BaseCallback):
         def _on_step(self) -> bool:
-            buf = self.model.ep_info_buffer
-            return not (len(buf) == 100 and np.mean([e["r"] for e in buf]) >= TARGET)
+            for info in self.locals["infos"]:
+                if "episode" in info:  # Monitor's raw return, also under VecNormalize
+                    result.episode(self.num_timesteps, info["episode"]["r"])
+            return True
 
-    def linear(start):
-        return lambda progress: progress * start
+    def schedule(value):
+        if isinstance(value, str) and value.startswith("lin_"):
+            start = float(value[4:])
+            return lambda progress: progress * start
+        return value
 
-    start = time.perf_counter()
-    env = make_vec_env("CartPole-v1", n_envs=8, seed=seed)
-    if algo == "ppo":  # RL Zoo hyperparams/ppo.yml
-        model = PPO("MlpPolicy", env, n_steps=32, batch_size=256, gae_lambda=0.8, gamma=0.98,
-                    n_epochs=20, ent_coef=0.0, learning_rate=linear(1e-3),
-                    clip_range=linear(0.2), seed=seed, device="cpu")
-    else:  # RL Zoo hyperparams/a2c.yml
-        model = A2C("MlpPolicy", env, ent_coef=0.0, seed=seed, device="cpu")
-    callback = StopAtTarget()
-    model.learn(BUDGET, callback=callback)
-    wall = time.perf_counter() - start
-    buf = model.ep_info_buffer
-    solved = len(buf) == 100 and np.mean([e["r"] for e in buf]) >= TARGET
-    return wall, model.num_timesteps, solved
+    hp = zoo_hyperparams(task.env_id)
+    hp.pop("n_timesteps")  # the budget is the same for every method
+    if "policy_kwargs" in hp:
+        raise SystemExit(f"{task.env_id}: the zoo's policy_kwargs are not translated here")
+    n_envs, normalize, policy = hp.pop("n_envs", 1), hp.pop("normalize", False), hp.pop("policy")
+    result = Result(task.threshold)
+    env = make_vec_env(task.env_id, n_envs=n_envs, seed=seed)
+    if normalize:
+        env = VecNormalize(env, gamma=hp.get("gamma", 0.99))
+    model = PPO(policy, env, seed=seed, device="cpu", **{k: schedule(v) for k, v in hp.items()})
+    model.learn(budget, callback=Episodes())
+    return result.finish(model.num_timesteps)
 
 
-def raw_env_throughput(num_envs: int = 16, steps: int = 20_000) -> float:
-    import gymnasium as gym
+def budget_of(task: Task) -> int:
+    from a3c.config import load_config
 
-    envs = gym.vector.SyncVectorEnv([lambda: gym.make("CartPole-v1")] * num_envs)
-    envs.reset(seed=0)
-    start = time.perf_counter()
-    for _ in range(steps // num_envs):
-        envs.step(envs.action_space.sample())
-    return steps / (time.perf_counter() - start)
+    return load_config(ROOT / task.config).total_timesteps
+
+
+def fmt_hit(r: Result) -> str:
+    return f"{r.hit[0]:6.1f} s {r.hit[1]:8d} steps" if r.hit else f"{'never':>6}   {'':8}      "
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3, 4, 5])
-    parser.add_argument("--only", choices=["a3c", "ppo", "a2c"], nargs="+",
-                        default=["a3c", "ppo", "a2c"])
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
+    parser.add_argument("--seeds", type=int, nargs="+", help="default: 5 for CartPole, 3 otherwise")
+    parser.add_argument("--only", nargs="+", choices=[*A3C_VARIANTS, "ppo"],
+                        default=[*A3C_VARIANTS, "ppo"])
     args = parser.parse_args()
-    runners = {"a3c": run_a3c, "ppo": lambda s: run_sb3("ppo", s),
-               "a2c": lambda s: run_sb3("a2c", s)}
-    results: dict[str, list] = {}
-    for name in args.only:
-        if name != "a3c" and importlib.util.find_spec("stable_baselines3") is None:
-            print(f"{name}: stable-baselines3 is not installed, skipped")
-            continue
-        for seed in args.seeds:  # interleaving would make runs share the cores; run one at a time
-            wall, steps, solved = runners[name](seed)
-            results.setdefault(name, []).append((wall, steps, solved))
-            print(f"{name} seed {seed}: {wall:6.1f} s, {steps:7d} steps, "
-                  f"{'solved' if solved else 'NOT solved'}", flush=True)
-    print(f"\n{'method':6} {'median s':>9} {'median steps':>13} {'solved':>7} {'steps/s':>9}")
-    medians = {}
-    for name, rows in results.items():
-        wall = statistics.median(r[0] for r in rows)
-        steps = statistics.median(r[1] for r in rows)
-        medians[name] = wall
-        print(f"{name:6} {wall:9.1f} {steps:13.0f} {sum(r[2] for r in rows):>4}/{len(rows)} "
-              f"{steps / wall:9.0f}")
-    if "a3c" in medians:
-        for other in ("ppo", "a2c"):
-            if other in medians:
-                print(f"a3c time / {other} time: {medians['a3c'] / medians[other]:.2f}")
-    if profiles:
-        print("\nA3C time per part, cores busy (median over seeds):")
-        for part, label in PARTS.items():
-            print(f"  {label:30s} {statistics.median(p[part] for p in profiles):.2f}")
-    print(f"raw CartPole throughput, random actions, 16 envs, 1 core: "
-          f"{raw_env_throughput():.0f} steps/s")
+    if "ppo" in args.only and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", "rl_zoo3")):
+        print("ppo: stable-baselines3 or rl_zoo3 is not installed (pip install -e '.[bench]'), skipped")
+        args.only.remove("ppo")
+    table: dict[tuple[str, str], list[Result]] = {}
+    for name in args.tasks:
+        task, budget = TASKS[name], budget_of(TASKS[name])
+        print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
+        for method in args.only:
+            for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
+                r = (run_ppo(task, seed, budget) if method == "ppo"
+                     else run_a3c(task, seed, budget, A3C_VARIANTS[method]))
+                table.setdefault((name, method), []).append(r)
+                extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
+                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; final {r.final:7.1f} "
+                      f"({'solved' if r.solved else 'NOT solved'}); {r.steps / r.wall:6.0f} steps/s{extra}",
+                      flush=True)
+    print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
+    print(f"{'task':9} {'method':12} {'reached':>7} {'ends solved':>11} {'wall s':>7} {'steps':>8} "
+          f"{'final':>7} {'steps/s':>8} {'busy':>5} {'replay':>6} {'reuse':>5}")
+    for (name, method), rows in table.items():
+        hits = [r.hit for r in rows if r.hit]
+        med = lambda xs: statistics.median(xs) if xs else float("nan")  # noqa: E731
+        extra = [med([r.extra[k] for r in rows]) if rows[0].extra else float("nan")
+                 for k in ("learner_busy", "replay_ratio", "reuse")]
+        print(f"{name:9} {method:12} {len(hits):>4}/{len(rows)} {sum(r.solved for r in rows):>8}/{len(rows)} "
+              f"{med([h[0] for h in hits]):7.1f} {med([h[1] for h in hits]):8.0f} "
+              f"{med([r.final for r in rows]):7.1f} {med([r.steps / r.wall for r in rows]):8.0f} "
+              f"{extra[0]:5.2f} {extra[1]:6.2f} {extra[2]:5.1f}")
+    for name in args.tasks:
+        a3c, ppo = table.get((name, "a3c")), table.get((name, "ppo"))
+        if a3c and ppo and all(r.hit for r in a3c + ppo):
+            ratio = statistics.median(r.hit[0] for r in a3c) / statistics.median(r.hit[0] for r in ppo)
+            print(f"{name}: a3c wall to threshold / SB3 PPO's = {ratio:.2f}")
 
 
 if __name__ == "__main__":
