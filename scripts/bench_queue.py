@@ -59,7 +59,6 @@ import gc
 import io
 import multiprocessing as mp
 import os
-import platform
 import pstats
 import queue as std_queue
 import re
@@ -68,12 +67,13 @@ import sys
 import tempfile
 import threading
 import time
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from machine import load_average, machine  # noqa: E402  (scripts/machine.py)
 
 from replay import ArrayQueue, Closed  # noqa: E402
 
@@ -699,37 +699,6 @@ def profile(n_items: int) -> None:
 # ---- machine and report ----------------------------------------------------------------
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-
-    def version(name):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-
-    return (f"CPU: {model}, {os.cpu_count()} logical cores ({usable} usable), "
-            f"load average {_load()} at start\n"
-            f"OS: {platform.platform()}\n"
-            f"Python {platform.python_version()} ({platform.python_implementation()}), "
-            f"numpy {np.__version__}, cffi {version('cffi')}, faster-fifo {version('faster-fifo')}")
-
-
-def _load() -> str:
-    try:
-        return " ".join(f"{x:.2f}" for x in os.getloadavg())
-    except OSError:
-        return "unknown"
-
-
 def fmt_rate(x: float) -> str:
     if x >= 1e6:
         return f"{x / 1e6:.2f} M"
@@ -762,7 +731,7 @@ def main() -> int:
     divisor = QUICK_DIVISOR if args.quick else 1
 
     print("replay.ArrayQueue benchmark")
-    print(machine())
+    print(machine("numpy", "cffi", "faster-fifo"))
     print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")
     print(f"capacity {CAPACITY} records, batch {BATCH}, repeats {repeats}, start method fork\n")
 
@@ -829,7 +798,7 @@ def main() -> int:
     if lines:
         print(f"\nWake-up latency put -> get across processes ({samples} samples, ~2 ms apart):")
         print("\n".join(lines))
-    print(f"\nload average {_load()} at the end")
+    print(f"\nload average {load_average()} at the end")
     return 1 if extras_failed else 0
 
 

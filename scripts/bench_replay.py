@@ -43,19 +43,18 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
-import os
-import platform
 import re
 import statistics
 import sys
 import time
 import timeit
-from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from machine import load_average, machine  # noqa: E402  (scripts/machine.py)
 
 try:
     from replay import PrioritizedReplayBuffer, ReplayBuffer
@@ -602,31 +601,6 @@ def report(results) -> None:
             print(f"  {verdict}  {name} >= 1 GB/s  (measured {ours / 1e9:.2f} GB/s)")
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-
-    def version(name):
-        try:
-            return metadata.version(name)
-        except metadata.PackageNotFoundError:
-            return "not installed"
-    return (f"CPU: {model}, {os.cpu_count()} logical cores, load average {_load()} at start\n"
-            f"OS: {platform.platform()}\nPython {platform.python_version()}, numpy {np.__version__}, "
-            f"cpprb {version('cpprb')}, stable-baselines3 {version('stable-baselines3')}, "
-            f"torchrl {version('torchrl')}, torch {version('torch')}")
-
-
-def _load() -> str:
-    return " ".join(f"{x:.2f}" for x in os.getloadavg())
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="short cells, 1 repeat (smoke run)")
@@ -640,7 +614,7 @@ def main() -> int:
     seconds = args.seconds or (0.1 if args.quick else 0.5)
 
     print("replay.ReplayBuffer benchmark")
-    print(machine())
+    print(machine("numpy", "cpprb", "stable-baselines3", "torchrl", "torch"))
     print(f"command: {' '.join([Path(sys.executable).name] + sys.argv)}")
     print(f"capacity {CAPACITY} transitions ({TRANSITION.itemsize} B each), sample {SAMPLE}, batch {BATCH}, "
           f"repeats {repeats}, {seconds:g} s per run\n")
@@ -658,7 +632,7 @@ def main() -> int:
         measure("mp/4w1s", lambda impl, _: cell_mp(impl, mp_seconds), ("replay", "cpprb"), "items/s",
                 repeats, mp_seconds, results, labels={"cpprb": "cpprb MP"})
     report(results)
-    print(f"\nload average {_load()} at the end")
+    print(f"\nload average {load_average()} at the end")
     return 0
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from machine import machine  # scripts/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 100
@@ -52,6 +53,11 @@ A3C_VARIANTS = {
 }
 
 
+PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
+         "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
+         "learner_queue_s": "learner: waiting in get_many"}
+
+
 @dataclass
 class Result:
     """One run: when the last-100 mean first reached the threshold, and how it ended."""
@@ -62,6 +68,7 @@ class Result:
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
+    cores: dict = field(default_factory=dict)  # cores busy per part of this trainer
 
     def episode(self, step: int, ret: float) -> None:
         self.window.append(ret)
@@ -98,6 +105,7 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict) -> Result:
     c = agent.counters
     fresh = max(c["queue_gets"], 1)
     epochs = overrides.get("learners__epochs", agent.config.learners.epochs)
+    result.cores = {part: c[part] / result.wall for part in PARTS}
     result.extra = {"learner_busy": c["learner_update_s"] / result.wall,
                     "replay_ratio": c["replayed"] / fresh,
                     "reuse": epochs * (fresh + c["replayed"]) / fresh}
@@ -169,6 +177,7 @@ def main() -> None:
     if "ppo" in args.only and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", "rl_zoo3")):
         print("ppo: stable-baselines3 or rl_zoo3 is not installed (pip install -e '.[bench]'), skipped")
         args.only.remove("ppo")
+    print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
         task, budget = TASKS[name], budget_of(TASKS[name])
@@ -194,6 +203,11 @@ def main() -> None:
               f"{med([h[0] for h in hits]):7.1f} {med([h[1] for h in hits]):8.0f} "
               f"{med([r.final for r in rows]):7.1f} {med([r.steps / r.wall for r in rows]):8.0f} "
               f"{extra[0]:5.2f} {extra[1]:6.2f} {extra[2]:5.1f}")
+    for (name, method), rows in table.items():
+        if rows[0].cores:
+            print(f"{name} {method}: cores busy, median over seeds: " + ", ".join(
+                f"{label} {statistics.median(r.cores[part] for r in rows):.2f}"
+                for part, label in PARTS.items()))
     for name in args.tasks:
         a3c, ppo = table.get((name, "a3c")), table.get((name, "ppo"))
         if a3c and ppo and all(r.hit for r in a3c + ppo):

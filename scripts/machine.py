@@ -1,0 +1,39 @@
+"""The machine a benchmark ran on, for the first lines of its output: CPU, cores, load,
+OS, Python and the versions of the packages it compares."""
+from __future__ import annotations
+
+import os
+import platform
+from importlib import metadata
+from pathlib import Path
+
+
+def machine(*packages: str) -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return (f"CPU: {model}, {os.cpu_count()} logical cores ({usable} usable), "
+            f"load average {load_average()} at start\n"
+            f"OS: {platform.platform()}\n"
+            f"Python {platform.python_version()} ({platform.python_implementation()}), "
+            + ", ".join(f"{name} {version(name)}" for name in packages))
+
+
+def version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "unknown"
