@@ -1,8 +1,19 @@
 """Checks shared by every test module."""
 import gc
 import os
+import signal
 
 import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def programs_under_test_take_ctrl_c():
+    """The Ctrl-C tests send SIGINT to programs they start. A suite run from a background
+    job (`pytest &` in a script) inherits SIGINT ignored, and so would those programs;
+    with a handler here instead, they start with the default one."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
 
 
 def own_segments() -> set[str]:

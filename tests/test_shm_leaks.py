@@ -144,7 +144,8 @@ class Scenario:
                 self.proc.kill()
                 self.proc.wait()
             self.reader.join(WAIT_S)
-            self.proc.stdout.close()
+            if not self.reader.is_alive():  # else a leftover child holds the pipe: closing
+                self.proc.stdout.close()    # it would wait for the reader's read forever
         return code
 
     def stderr(self):
