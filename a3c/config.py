@@ -100,7 +100,7 @@ class VTraceConfig:
     clip_rho_threshold: float | None = _f(1.0, "V-trace rho clip (null: no clipping)", gt=0)
     clip_pg_rho_threshold: float | None = _f(1.0, "V-trace policy-gradient rho clip (null: no clipping)",
                                              gt=0)
-    td_lambda: float = _f(0.95, "trace lambda: 1 is IMPALA's V-trace, lower trades variance for bias",
+    td_lambda: float = _f(1.0, "trace lambda: 1 is IMPALA's V-trace, lower trades variance for bias",
                           ge=0, le=1)
 
 
