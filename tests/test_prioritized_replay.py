@@ -133,6 +133,48 @@ def test_bad_priority_or_index_raises_before_anything_is_written(indices, priori
         assert buf.priority_sums() == (4.0, 4.0)
 
 
+def test_grouped_draws_follow_priorities_in_a_tree_with_unused_leaves():
+    # 100 records in a tree of 128 leaves, batches of 500: 32 groups of descents per call.
+    alpha, draws = 0.6, 300_000
+    priorities = np.random.default_rng(0).uniform(0.1, 10.0, 100)
+    with PrioritizedReplayBuffer(100, VALUE, alpha=alpha, seed=11) as buf:
+        buf.add_many(values(0, 100))
+        buf.update_priorities(np.arange(100), priorities)
+        counts = np.zeros(100)
+        for _ in range(draws // 500):
+            s = buf.sample(500)
+            assert (s.records["v"] == s.indices.astype(np.int64)).all()
+            counts += np.bincount(s.records["v"], minlength=100)
+    expected = draws * priorities**alpha / (priorities**alpha).sum()
+    chi2 = ((counts - expected) ** 2 / expected).sum()
+    assert chi2 < chi_square_limit(99), chi2
+
+
+def test_weights_of_a_batch_of_many_groups_follow_the_papers_formula():
+    alpha, beta = 0.6, 0.4
+    priorities = np.random.default_rng(1).exponential(1.0, 1000) + 1e-3
+    with PrioritizedReplayBuffer(1000, VALUE, alpha=alpha, seed=2) as buf:
+        buf.add_many(values(0, 1000))
+        buf.update_priorities(np.arange(1000), priorities)
+        s = buf.sample(300, beta=beta)
+    p = priorities**alpha / (priorities**alpha).sum()
+    w = (1000 * p[s.indices.astype(int)]) ** -beta
+    np.testing.assert_allclose(s.weights, w / w.max(), rtol=1e-6)
+    assert s.weights.max() == 1.0
+
+
+def test_a_record_drawn_twice_in_one_group_still_counts_against_max_times_sampled():
+    # 40 records that may each be drawn once, drawn in one call of 40 (three groups): the
+    # descents of a group may land on one record, but only one of them may take it.
+    with PrioritizedReplayBuffer(40, VALUE, max_times_sampled=1, seed=4) as buf:
+        buf.add_many(values(0, 40))
+        drawn = buf.sample(40, timeout=0).records["v"]
+        assert sorted(drawn.tolist()) == list(range(40))
+        assert buf.priority_sums() == (0.0, 0.0)
+        with pytest.raises(replay.Empty):
+            buf.sample(1, timeout=0)
+
+
 def test_bad_sample_arguments_are_rejected():
     with PrioritizedReplayBuffer(4, VALUE) as buf:
         buf.add((1,))
