@@ -870,6 +870,28 @@ uint64_t rb_update_priorities(void *mem, const uint64_t *positions, const double
     return applied;
 }
 
+/*
+ * Importance-sampling weights w_i = (N * P_i)^-beta / max_j (N * P_j)^-beta. N cancels:
+ * the largest weight belongs to the smallest probability P_min, so w_i = (P_min / P_i)^beta,
+ * and the draw with P_min gets exactly 1 (pow(1, beta) is 1). A probability that
+ * underflowed to 0 would make the formula 0/0: such a draw gets 1, the others 0, the
+ * limit of the formula as that probability goes to 0.
+ */
+void rb_weights(const double *probabilities, uint64_t n, double beta, float *weights) {
+    if (n == 0) return;
+    double least = probabilities[0];
+    for (uint64_t i = 1; i < n; i++)
+        if (probabilities[i] < least) least = probabilities[i];
+    for (uint64_t i = 0; i < n; i++) {
+        if (beta == 0 || probabilities[i] == least)
+            weights[i] = 1.0f;
+        else if (!(least > 0))
+            weights[i] = 0.0f;
+        else
+            weights[i] = (float)pow(least / probabilities[i], beta);
+    }
+}
+
 /* ---- statistics ---- */
 
 void rb_stats(const void *mem, rb_stats_t *out) {

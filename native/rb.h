@@ -73,6 +73,13 @@ int64_t rb_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions, doub
 uint64_t rb_update_priorities(void *mem, const uint64_t *positions, const double *priorities,
                               uint64_t n);
 
+/*
+ * Importance-sampling weights of a batch from its probabilities (Schaul et al. 2016):
+ * w_i = (N * P_i)^-beta / max_j (N * P_j)^-beta, computed as (min_j P_j / P_i)^beta, in
+ * which N cancels; the largest weight of the batch is exactly 1. beta >= 0.
+ */
+void rb_weights(const double *probabilities, uint64_t n, double beta, float *weights);
+
 /* Counters and the state of the sum tree. */
 typedef struct {
     uint64_t claimed;        /* positions claimed so far (the write cursor) */

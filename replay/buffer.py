@@ -45,7 +45,8 @@ _FILE_MAGIC = b"RPLYBUF\x00"
 _FILE_VERSION = 1
 _FILE_HEAD = struct.Struct("<8sII")  # magic, version, length of the JSON description
 
-_sample, _add, _from_buffer = lib.rbpy_sample, lib.rb_add, ffi.from_buffer
+_sample, _add, _from_buffer, _new = lib.rbpy_sample, lib.rb_add, ffi.from_buffer, ffi.new
+_weights = lib.rb_weights
 
 
 class PrioritizedSample(NamedTuple):
@@ -575,12 +576,13 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta = _check_number("beta", beta, positive=False)
         out = self._out(out, batch_size)
         positions = np.empty(batch_size, np.uint64)
-        probabilities = np.empty(batch_size, np.float64)
-        self._draw(out, positions, ffi.from_buffer("double[]", probabilities), 0, rng, timeout)
-        n = max(len(self), 1)
-        weights = (n * probabilities) ** -beta
-        weights /= weights.max()
-        return PrioritizedSample(out, positions, weights.astype(np.float32))
+        # Read by no one but rb_weights below: a C array, and one per call, since threads
+        # with their own rng may sample through one handle at the same time.
+        probabilities = _new("double[]", batch_size)
+        self._draw(out, positions, probabilities, 0, rng, timeout)
+        weights = np.empty(batch_size, np.float32)
+        _weights(probabilities, batch_size, beta, _from_buffer("float[]", weights))
+        return PrioritizedSample(out, positions, weights)
 
     def update_priorities(self, indices, priorities) -> int:
         """Set the priorities of the records at `indices` (positions from `sample`).
