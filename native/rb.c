@@ -20,6 +20,7 @@
 #include "atomic64.h"
 
 #include <errno.h>
+#include <float.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -868,6 +869,32 @@ uint64_t rb_update_priorities(void *mem, const uint64_t *positions, const double
     raise_max_priority(h, highest);
     maybe_correct_drift(h);
     return applied;
+}
+
+/*
+ * Check every argument first (priorities, then positions, in order), and write nothing
+ * unless all are good. The positions are compared with `claimed` read once (relaxed):
+ * it only grows, so a position below it was claimed. A negative index that the caller
+ * passed as a signed 64-bit integer reads here as 2^63 or more: above any cursor.
+ */
+int64_t rb_update_priorities_checked(void *mem, const uint64_t *positions,
+                                     const double *priorities, uint64_t n, uint64_t *detail) {
+    header_t *h = mem;
+    for (uint64_t i = 0; i < n; i++) {
+        if (!(priorities[i] >= 0 && priorities[i] <= DBL_MAX)) { /* also NaN and inf */
+            detail[0] = i;
+            return RB_BAD_PRIORITY;
+        }
+    }
+    uint64_t claimed = atomic_load_explicit(&h->claimed, memory_order_relaxed);
+    for (uint64_t i = 0; i < n; i++) {
+        if (positions[i] >= claimed) {
+            detail[0] = i;
+            detail[1] = claimed;
+            return RB_BAD_POSITION;
+        }
+    }
+    return (int64_t)rb_update_priorities(mem, positions, priorities, n);
 }
 
 /*

@@ -18,6 +18,8 @@
 #define RB_OK 0
 #define RB_BAD_ARGUMENT -3 /* capacity, record size or a setting out of range */
 #define RB_BAD_HEADER -4   /* the region does not hold a buffer of this version and shape */
+#define RB_BAD_PRIORITY -5 /* rb_update_priorities_checked: a priority < 0, NaN or infinite */
+#define RB_BAD_POSITION -6 /* rb_update_priorities_checked: a position not claimed yet */
 
 #define RB_MAX_CAPACITY (1ull << 32)         /* records per buffer */
 #define RB_MAX_RECORD_SIZE (16u << 20)       /* 16 MiB per record */
@@ -72,6 +74,16 @@ int64_t rb_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions, doub
  */
 uint64_t rb_update_priorities(void *mem, const uint64_t *positions, const double *priorities,
                               uint64_t n);
+
+/*
+ * rb_update_priorities with its arguments checked first, in one pass over each array:
+ * returns RB_BAD_PRIORITY with detail[0] = i for the first priorities[i] that is not
+ * finite and >= 0, else RB_BAD_POSITION with detail[0] = i and detail[1] = the write
+ * cursor for the first positions[i] at or past the cursor (never claimed; a negative
+ * int64 reads as one), and writes nothing then; else the count applied.
+ */
+int64_t rb_update_priorities_checked(void *mem, const uint64_t *positions,
+                                     const double *priorities, uint64_t n, uint64_t *detail);
 
 /*
  * Importance-sampling weights of a batch from its probabilities (Schaul et al. 2016):

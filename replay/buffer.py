@@ -46,7 +46,9 @@ _FILE_VERSION = 1
 _FILE_HEAD = struct.Struct("<8sII")  # magic, version, length of the JSON description
 
 _sample, _add, _from_buffer, _new = lib.rbpy_sample, lib.rb_add, ffi.from_buffer, ffi.new
-_weights = lib.rb_weights
+_weights, _update_checked = lib.rb_weights, lib.rb_update_priorities_checked
+_F8, _U8, _I8 = np.dtype(np.float64), np.dtype(np.uint64), np.dtype(np.int64)
+_BAD_PRIORITY, _BAD_POSITION = lib.RB_BAD_PRIORITY, lib.RB_BAD_POSITION
 
 
 class PrioritizedSample(NamedTuple):
@@ -589,25 +591,37 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         Indices whose slot has been overwritten since are ignored. Priorities must be
         finite and >= 0, and indices positions that were claimed: otherwise ValueError,
         before anything is written. Returns the count applied."""
-        indices = np.asarray(indices)
-        priorities = np.asarray(priorities, dtype=np.float64)
-        if indices.ndim != 1 or priorities.ndim != 1 or len(indices) != len(priorities):
+        # The common case, arrays from sample() and float64 priorities, goes to C as is;
+        # C checks every value (one pass each) before it writes anything.
+        if type(indices) is not np.ndarray:
+            indices = np.asarray(indices)
+        if type(priorities) is not np.ndarray or priorities.dtype != _F8:
+            priorities = np.asarray(priorities, dtype=np.float64)
+        n = len(indices) if indices.ndim == 1 else -1
+        if n < 0 or priorities.ndim != 1 or len(priorities) != n:
             raise ValueError(f"indices and priorities must be 1-D and of one length, got shapes "
                              f"{indices.shape} and {priorities.shape}")
-        if len(indices) and not np.issubdtype(indices.dtype, np.integer):
+        if n == 0:
+            return 0
+        kind = indices.dtype.kind
+        if kind != "u" and kind != "i":
             raise TypeError(f"indices must be integer positions from sample(), "
                             f"got dtype {indices.dtype}")
-        if not np.isfinite(priorities).all() or (priorities < 0).any():
-            bad = priorities[~(np.isfinite(priorities) & (priorities >= 0))][0]
-            raise ValueError(f"priorities must be finite and >= 0, got {bad}")
-        claimed = self._stats().claimed
-        if len(indices) and (indices.min() < 0 or indices.max() >= claimed):
-            bad = indices[(indices < 0) | (indices >= claimed)][0]
-            raise ValueError(f"index {bad} is out of range: positions so far are 0 to {claimed - 1}")
-        indices = np.ascontiguousarray(indices, dtype=np.uint64)
-        priorities = np.ascontiguousarray(priorities)
-        return lib.rb_update_priorities(self._mem, ffi.from_buffer("uint64_t[]", indices),
-                                        ffi.from_buffer("double[]", priorities), len(indices))
+        # Signed indices go as int64: a negative one reads in C as 2^63 or more, out of range.
+        wanted = _U8 if kind == "u" else _I8
+        if indices.dtype != wanted or not indices.flags.c_contiguous:
+            indices = np.ascontiguousarray(indices, dtype=wanted)
+        if not priorities.flags.c_contiguous:
+            priorities = np.ascontiguousarray(priorities)
+        detail = _new("uint64_t[2]")
+        applied = _update_checked(self._mem, _from_buffer("uint64_t[]", indices),
+                                  _from_buffer("double[]", priorities), n, detail)
+        if applied == _BAD_PRIORITY:
+            raise ValueError(f"priorities must be finite and >= 0, got {priorities[detail[0]]}")
+        if applied == _BAD_POSITION:
+            raise ValueError(f"index {indices[detail[0]]} is out of range: positions so far "
+                             f"are 0 to {detail[1] - 1}")
+        return applied
 
     def priority_sums(self) -> tuple[float, float]:
         """(the sum tree's root, the exact sum of its leaves): equal up to the rounding of

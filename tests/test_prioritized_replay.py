@@ -122,6 +122,8 @@ def test_updates_after_overwrite_are_ignored():
     ([0, 1], [1.0, float("inf")], "finite and >= 0"),
     ([4], [1.0], "out of range"),
     ([-1], [1.0], "out of range"),
+    ([0, 1, 9], [2.0, 2.0, 2.0], "index 9 is out of range"),
+    (np.array([0, -1], np.int32), [2.0, 2.0], "index -1 is out of range"),
     ([0, 1], [1.0], "one length"),
     ([[0]], [[1.0]], "1-D"),
 ])
@@ -131,6 +133,19 @@ def test_bad_priority_or_index_raises_before_anything_is_written(indices, priori
         with pytest.raises(ValueError, match=match):
             buf.update_priorities(indices, priorities)
         assert buf.priority_sums() == (4.0, 4.0)
+
+
+def test_update_priorities_accepts_any_integer_indices_and_any_float_priorities():
+    with PrioritizedReplayBuffer(8, VALUE, alpha=1.0) as buf:
+        buf.add_many(values(0, 8))
+        assert buf.update_priorities([0, 1], [2.0, 3]) == 2
+        assert buf.update_priorities(np.array([2], np.uint8), np.array([4.0], np.float32)) == 1
+        assert buf.update_priorities(np.array([3], ">i4"), np.array([5.0], ">f8")) == 1
+        assert buf.update_priorities(np.arange(8)[4::2], np.full(8, 6.0)[::4]) == 2  # strided
+        assert buf.update_priorities([], []) == 0
+        assert buf.priority_sums()[0] == pytest.approx(2 + 3 + 4 + 5 + 6 + 1 + 6 + 1)
+        with pytest.raises(TypeError, match="integer positions"):
+            buf.update_priorities([0.0], [1.0])
 
 
 def test_grouped_draws_follow_priorities_in_a_tree_with_unused_leaves():
