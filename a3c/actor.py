@@ -23,7 +23,7 @@ from replay import ArrayQueue, Closed, Counters
 
 from .config import Config
 from .envs import env_action, make_vector_env
-from .model import copy_weights
+from .model import WeightCopy
 
 __all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
 
@@ -73,6 +73,7 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
          counters: Counters, cfg: Config, seed: int) -> None:
     E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
     local = _clone(shared)
+    copy_weights = WeightCopy(local, shared)
     buf = np.zeros(E, fragments.dtype)  # one fragment per environment
     # Field views, bound once: indexing a record array by name makes a new view each time.
     f_obs, f_action, f_logp, f_version = buf["obs"], buf["action"], buf["logp"], buf["version"]
@@ -83,7 +84,7 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     while True:
         start = time.perf_counter()
         env_s = 0.0  # time in envs.step, for the per-part profile
-        copy_weights(local, shared)  # a recent policy, once per fragment
+        copy_weights()  # a recent policy, once per fragment
         version = counters["policy_version"]
         for t in range(T):
             action, logp, _ = local.act(torch.from_numpy(np.asarray(obs)))

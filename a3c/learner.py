@@ -20,11 +20,11 @@ from replay import ArrayQueue, Closed, Counters, ReplayBuffer
 
 from . import vtrace
 from .config import Config
-from .model import copy_weights
+from .model import WeightCopy
 from .optim import SharedOptimizer
 
 __all__ = ["Batch", "Loss", "LossStats", "LearnerStep", "batch_from_fragments", "compute_loss",
-           "run_learner"]
+           "replay_buffer", "run_learner"]
 
 
 class Batch(NamedTuple):
@@ -154,6 +154,7 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
     waiting. `lock` serialises the statistics updates of several learner threads."""
     device = torch.device(cfg.learners.device)
     local = copy.deepcopy(shared).to(device)
+    copy_weights = WeightCopy(local, shared)
     local_params = [p for p in local.parameters() if p.requires_grad]
     shared_params = [p for p in shared.parameters() if p.requires_grad]
     obs_norm, popart = getattr(shared, "obs_norm", None), getattr(shared, "popart", None)
@@ -197,15 +198,16 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
                 obs_norm.update(batch.obs)
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):
-                copy_weights(local, shared)
+                copy_weights()
                 version = counters["policy_version"]
                 loss, loss_stats, targets = compute_loss(local, part, cfg)
                 if not torch.isfinite(loss):
                     counters.add("nonfinite_losses")
                     continue
-                local.zero_grad(set_to_none=True)
+                for p in local_params:
+                    p.grad = None
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(local.parameters(), cfg.learners.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(local_params, cfg.learners.max_grad_norm)
                 grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
                          for p, sp in zip(local_params, shared_params)]
                 optimizer.lr = _learning_rate(cfg, counters["env_steps"])

@@ -34,7 +34,7 @@ from torch.distributions import Categorical, Distribution, Independent, Normal
 
 from .normalize import ObservationNorm, PopArt
 
-__all__ = ["ActorCritic", "build_model", "copy_weights"]
+__all__ = ["ActorCritic", "WeightCopy", "build_model"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -226,14 +226,21 @@ class ActorCritic(nn.Module):
         return dist.log_prob(actions.float()), dist.entropy(), value
 
 
-@torch.no_grad()
-def copy_weights(dst: nn.Module, src: nn.Module) -> None:
-    """Copy parameters and buffers of `src` into `dst` (same architecture), in place:
-    much cheaper than a state_dict round trip, which matters once per fragment."""
-    for mine, theirs in zip(dst.parameters(), src.parameters()):
-        mine.copy_(theirs)
-    for mine, theirs in zip(dst.buffers(), src.buffers()):
-        mine.copy_(theirs)
+class WeightCopy:
+    """Copies the parameters and buffers of `src` into `dst` (same architecture) in place
+    when called: much cheaper than a state_dict round trip. The tensors are listed once,
+    as the copy runs once per fragment in actors and once per gradient step in learners."""
+
+    def __init__(self, dst: nn.Module, src: nn.Module):
+        self.dst = [*dst.parameters(), *dst.buffers()]
+        self.src = [*src.parameters(), *src.buffers()]
+        if [t.shape for t in self.dst] != [t.shape for t in self.src]:
+            raise ValueError("WeightCopy: the two models have different architectures")
+
+    @torch.no_grad()
+    def __call__(self) -> None:
+        for mine, theirs in zip(self.dst, self.src):
+            mine.copy_(theirs)
 
 
 def build_model(
