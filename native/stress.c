@@ -30,31 +30,8 @@
 #define MAX_THREADS 64
 #define MAX_BATCH 17
 
-typedef struct {
-    uint64_t producer, seq, check;
-    uint8_t payload[40]; /* a record larger than one word, to catch torn copies */
-} record_t;
-
-static uint64_t checksum(uint64_t producer, uint64_t seq) {
-    uint64_t x = producer * 0x9e3779b97f4a7c15ull ^ (seq + 0x632be59bd9b4e019ull);
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return x ^ (x >> 29);
-}
-
-static void fill(record_t *r, uint64_t producer, uint64_t seq) {
-    r->producer = producer;
-    r->seq = seq;
-    r->check = checksum(producer, seq);
-    memset(r->payload, (int)(r->check & 0xff), sizeof r->payload);
-}
-
-static bool intact(const record_t *r) {
-    if (r->check != checksum(r->producer, r->seq)) return false;
-    for (size_t i = 0; i < sizeof r->payload; i++)
-        if (r->payload[i] != (uint8_t)(r->check & 0xff)) return false;
-    return true;
-}
+#define STRESS_PAYLOAD 40 /* a record larger than one word, to catch torn copies */
+#include "stress_record.h"
 
 /* xorshift64*: each thread draws its own choices of batch size and timeout. */
 static uint64_t next_random(uint64_t *state) {
@@ -133,20 +110,20 @@ static void *consumer_main(void *arg) {
         }
         for (int64_t i = 0; i < r; i++) {
             const record_t *rec = &out[i];
-            if (!intact(rec) || rec->producer >= w->producers || rec->seq >= w->items) {
+            if (!intact(rec) || rec->source >= w->producers || rec->seq >= w->items) {
                 fprintf(stderr, "consumer %" PRIu64 ": torn or foreign record (%" PRIu64 ", %" PRIu64 ")\n",
-                        w->id, rec->producer, rec->seq);
+                        w->id, rec->source, rec->seq);
                 w->failed = true;
                 return NULL;
             }
-            if (rec->seq < w->last[rec->producer]) {
+            if (rec->seq < w->last[rec->source]) {
                 fprintf(stderr, "consumer %" PRIu64 ": producer %" PRIu64 "'s record %" PRIu64
-                        " after %" PRIu64 "\n", w->id, rec->producer, rec->seq, w->last[rec->producer] - 1);
+                        " after %" PRIu64 "\n", w->id, rec->source, rec->seq, w->last[rec->source] - 1);
                 w->failed = true;
                 return NULL;
             }
-            w->last[rec->producer] = rec->seq + 1;
-            w->counts[rec->producer * w->items + rec->seq]++;
+            w->last[rec->source] = rec->seq + 1;
+            w->counts[rec->source * w->items + rec->seq]++;
         }
         w->popped += (uint64_t)r;
         /* Relaxed: only a progress hint for the thread that closes the queue early. */

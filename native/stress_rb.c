@@ -33,31 +33,8 @@
 #define MAX_BATCH 7
 #define MAX_ITEMS (1u << 20)
 
-typedef struct {
-    uint64_t writer, seq, check;
-    uint8_t payload[104]; /* a record of several words, to catch torn copies */
-} record_t;
-
-static uint64_t checksum(uint64_t writer, uint64_t seq) {
-    uint64_t x = writer * 0x9e3779b97f4a7c15ull ^ (seq + 0x632be59bd9b4e019ull);
-    x ^= x >> 31;
-    x *= 0xbf58476d1ce4e5b9ull;
-    return x ^ (x >> 29);
-}
-
-static void fill(record_t *r, uint64_t writer, uint64_t seq) {
-    r->writer = writer;
-    r->seq = seq;
-    r->check = checksum(writer, seq);
-    memset(r->payload, (int)(r->check & 0xff), sizeof r->payload);
-}
-
-static bool intact(const record_t *r) {
-    if (r->check != checksum(r->writer, r->seq)) return false;
-    for (size_t i = 0; i < sizeof r->payload; i++)
-        if (r->payload[i] != (uint8_t)(r->check & 0xff)) return false;
-    return true;
-}
+#define STRESS_PAYLOAD 104 /* a record of several words, to catch torn copies */
+#include "stress_record.h"
 
 #define FAIL(...) do { fprintf(stderr, "FAIL: " __VA_ARGS__); fputc('\n', stderr); exit(1); } while (0)
 
@@ -236,7 +213,7 @@ static void *sampler_main(void *arg) {
             uint64_t owner = positions[i] < MAX_ITEMS
                 ? atomic_load_explicit(&w->owner_of[positions[i]], memory_order_relaxed) : 0;
             /* The writer records its positions after rb_add returns: known, or not yet. */
-            if (owner && owner - 1 != (out[i].writer << 32 | out[i].seq))
+            if (owner && owner - 1 != (out[i].source << 32 | out[i].seq))
                 FAIL("position %" PRIu64 " returned another position's record", positions[i]);
             if (w->prioritized && !(probabilities[i] > 0 && probabilities[i] <= 1))
                 FAIL("probability %g", probabilities[i]);

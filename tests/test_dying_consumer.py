@@ -26,6 +26,8 @@ import numpy as np
 import replay
 from replay import ArrayQueue, Counters
 
+from waiting import wait_until
+
 PAYLOAD = 512 * 1024
 DTYPE = np.dtype([("seq", "i8"), ("payload", "u1", (PAYLOAD,)), ("check", "i8")])
 CAPACITY = 16
@@ -115,14 +117,6 @@ class Survivor(threading.Thread):
             self.error = error
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
 def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
     ctx = mp.get_context("spawn")
     rng = random.Random(4321)
@@ -146,7 +140,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
             try:
                 # Kill each victim at a random moment once it has started taking records.
                 for i, p in procs.items():
-                    _wait_for(lambda: counters[f"took{i}"] > 0 or not p.is_alive(),
+                    wait_until(lambda: counters[f"took{i}"] > 0 or not p.is_alive(),
                               ROUND_TIMEOUT_S, f"consumer {i} to start")
                     time.sleep(rng.uniform(0.0, 0.05))
                     os.kill(p.pid, signal.SIGKILL)
@@ -162,7 +156,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
                 survivor.running.set()
             # The producer must get a whole lap past the slots the victims held.
             target = producer.pushed + 2 * CAPACITY + BATCH
-            _wait_for(lambda: producer.pushed >= target or producer.error is not None,
+            wait_until(lambda: producer.pushed >= target or producer.error is not None,
                       ROUND_TIMEOUT_S, f"the producer to get a lap further in round {r}; "
                       f"stats {q.stats()}")
             assert producer.error is None, f"round {r}: the producer wedged: {producer.error!r}"

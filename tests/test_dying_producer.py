@@ -22,6 +22,8 @@ import numpy as np
 import replay
 from replay import ArrayQueue, Counters
 
+from waiting import wait_until
+
 PAYLOAD = 512 * 1024
 DTYPE = np.dtype([("producer", "i4"), ("seq", "i8"), ("payload", "u1", (PAYLOAD,)), ("check", "i8")])
 CAPACITY = 24
@@ -105,14 +107,6 @@ class Drain:
         return result
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
 def test_killed_producers_never_wedge_consumers_and_survivors_arrive_exactly_once():
     ctx = mp.get_context("spawn")
     rng = random.Random(1234)
@@ -138,7 +132,7 @@ def test_killed_producers_never_wedge_consumers_and_survivors_arrive_exactly_onc
             try:
                 # Kill each victim at a random moment once it has started pushing.
                 for v in victims:
-                    _wait_for(lambda: counters[f"pushed{v}"] > 0 or not procs[v].is_alive(),
+                    wait_until(lambda: counters[f"pushed{v}"] > 0 or not procs[v].is_alive(),
                               ROUND_TIMEOUT_S, f"producer {v} to start")
                     time.sleep(rng.uniform(0.0, 0.08))
                     os.kill(procs[v].pid, signal.SIGKILL)

@@ -23,6 +23,8 @@ import numpy as np
 import replay
 from replay import Counters, ReplayBuffer
 
+from waiting import wait_until
+
 PAYLOAD = 512 * 1024
 DTYPE = np.dtype([("writer", "i4"), ("seq", "i8"), ("payload", "u1", (PAYLOAD,)), ("check", "i8")])
 CAPACITY = 8
@@ -96,14 +98,6 @@ class Sampler(threading.Thread):
             self.errors.append(error)
 
 
-def _wait_for(predicate, timeout, what):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.002)
-
-
 def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
     ctx = mp.get_context("spawn")
     rng = random.Random(99)
@@ -128,7 +122,7 @@ def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
                 p.start()
             try:
                 for v in victims:  # kill each victim at a random moment once it adds
-                    _wait_for(lambda: counters[f"added{v}"] > 0 or not procs[v].is_alive(),
+                    wait_until(lambda: counters[f"added{v}"] > 0 or not procs[v].is_alive(),
                               ROUND_TIMEOUT_S, f"writer {v} to start")
                     time.sleep(rng.uniform(0.0, 0.05))
                     os.kill(procs[v].pid, signal.SIGKILL)
@@ -137,7 +131,7 @@ def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
                     assert procs[v].exitcode == -signal.SIGKILL
                 # The survivor keeps adding after the kills, lapping the victims' slots.
                 goal = counters[f"added{survivor}"] + SURVIVOR_RECORDS
-                _wait_for(lambda: counters[f"added{survivor}"] >= goal, ROUND_TIMEOUT_S,
+                wait_until(lambda: counters[f"added{survivor}"] >= goal, ROUND_TIMEOUT_S,
                           f"writer {survivor} to add {SURVIVOR_RECORDS} records after the kills: "
                           f"writers wedged; stats {buf.stats()}")
             finally:
@@ -147,7 +141,7 @@ def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
                     p.join()
             rounds += 1
             draws = sampler.draws
-            _wait_for(lambda: sampler.draws > draws, ROUND_TIMEOUT_S, "the sampler to draw again")
+            wait_until(lambda: sampler.draws > draws, ROUND_TIMEOUT_S, "the sampler to draw again")
 
         # Every slot is overwritten by fresh markers: none is left stuck, and the
         # sampler then only ever sees markers.

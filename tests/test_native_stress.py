@@ -60,18 +60,21 @@ def test_native_stress_every_record_exactly_once_in_producer_order(items, rounds
 
 
 @needs_cc
-def test_native_stress_under_thread_sanitizer_reports_no_race():
+@pytest.mark.parametrize("target, args, scenarios", [
+    ("tsan", (3000, 8, 3, 3), ("dead-producer scenarios: ok", "dead-consumer scenarios: ok")),
+    ("stress_rb_tsan", (3000, 8, 3, 2), ("dead- and slow-writer scenarios: ok",)),
+], ids=["queue", "replay_buffer"])
+def test_native_stress_under_thread_sanitizer_reports_no_race(target, args, scenarios):
     if not tsan_links():
         pytest.skip("ThreadSanitizer cannot build or run a program here")
-    binary = build("tsan")
     env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1")
-    code, output = run(binary, 3000, 8, 3, 3, env=env)
+    code, output = run(build(target), *args, env=env)
     if "unexpected memory mapping" in output or "FATAL: ThreadSanitizer" in output:
         pytest.skip(f"ThreadSanitizer cannot run on this kernel: {output.strip().splitlines()[0]}")
     assert "WARNING: ThreadSanitizer" not in output, output
     assert code == 0, output
-    assert "dead-producer scenarios: ok" in output
-    assert "dead-consumer scenarios: ok" in output
+    for line in scenarios:
+        assert line in output
     assert output.rstrip().endswith("OK"), output
 
 
@@ -84,18 +87,4 @@ def test_native_replay_buffer_stress_draws_only_intact_records_at_their_position
     assert code == 0, output
     assert "dead- and slow-writer scenarios: ok" in output
     assert output.count(": ok") == rounds + 1, output
-    assert output.rstrip().endswith("OK"), output
-
-
-@needs_cc
-def test_native_replay_buffer_stress_under_thread_sanitizer_reports_no_race():
-    if not tsan_links():
-        pytest.skip("ThreadSanitizer cannot build or run a program here")
-    binary = build("stress_rb_tsan")
-    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1")
-    code, output = run(binary, 3000, 8, 3, 2, env=env)
-    if "unexpected memory mapping" in output or "FATAL: ThreadSanitizer" in output:
-        pytest.skip(f"ThreadSanitizer cannot run on this kernel: {output.strip().splitlines()[0]}")
-    assert "WARNING: ThreadSanitizer" not in output, output
-    assert code == 0, output
     assert output.rstrip().endswith("OK"), output

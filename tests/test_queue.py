@@ -19,6 +19,8 @@ import pytest
 import replay
 from replay import MAX_CAPACITY, MAX_RECORD_BYTES, ArrayQueue, Closed
 
+from waiting import wait_until
+
 TAGGED = np.dtype([("producer", "i4"), ("seq", "i4")])
 JOIN_S = 30.0  # bound on every join: a thread or process still running after it is a hang
 
@@ -42,13 +44,6 @@ class Worker(threading.Thread):
         self.join(timeout)
         assert not self.is_alive(), f"{self.fn.__name__} did not finish within {timeout} s"
         return self
-
-
-def wait_until(predicate, timeout=10.0, what="a condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.001)
 
 
 def asleep(q, kind, before=0):
