@@ -7,7 +7,7 @@ Usage (from the project root, in the project's environment):
     python scripts/bench_queue.py --repeats 5     # more repeats; the median is reported
     python scripts/bench_queue.py --only 'procs'  # cells whose name matches a regex
     python scripts/bench_queue.py --only '64B/1P1C/item'
-    python scripts/bench_queue.py --only timeout  # the cost of a timeout on put/get
+    python scripts/bench_queue.py --only 'ArrayQueue(\+timeout)?:procs'  # what a timeout costs
     python scripts/bench_queue.py --profile       # where the time goes, per-item get/put
 
 Cells are named SIZE/TOPOLOGY/MODE/IMPL, e.g. ``64B/4P2C/batch/ArrayQueue:procs``; the
@@ -688,7 +688,7 @@ def profile(n_items: int) -> None:
     for label, stmt in rows:
         cost[label] = _per_call_ns(stmt, g)
         print(f"  {label:45s} {cost[label]:8.0f}")
-    whole, c_only = cost[rows[0][0]], cost[rows[1][0]]
+    whole, c_only = cost[rows[0][0]], cost[rows[2][0]]
     print(f"  -> the C calls are {c_only / whole:.0%} of a put+get round trip; the Python layer "
           f"(argument checks, numpy allocation, buffer export, call overhead) is the rest.")
     print(f"  -> a timeout makes a round trip {cost[rows[1][0]] / whole:.2f}x as long as none.")
