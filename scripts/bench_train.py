@@ -12,6 +12,7 @@ config and with reuse switched off.
 
     python scripts/bench_train.py                                   # all (about 45 min on 2 cores)
     python scripts/bench_train.py --tasks acrobot --seeds 1 2 3 --only a3c ppo
+    python scripts/bench_train.py --ablation --seeds 1 2 3                # each part switched off
 """
 from __future__ import annotations
 
@@ -51,6 +52,17 @@ A3C_VARIANTS = {
     "a3c-noreuse": {"learners__epochs": 1, "learners__minibatches": 1},
     "a3c-replay": {"learners__epochs": 1, "learners__minibatches": 1, "replay__ratio": 3.0},
 }
+# The shipped config with one of its parts switched off or changed (--ablation): each
+# normalization, the clip, the learning-rate decay, and V-trace's lambda below 1.
+ABLATIONS = {
+    "no-obs-norm": {"model__normalize_obs": False},
+    "no-popart": {"model__normalize_value": False},
+    "no-adv-norm": {"learners__normalize_advantages": False},
+    "no-clip": {"learners__clip_coef": None},
+    "constant-lr": {"optim__lr_schedule": "constant"},
+    "lambda-0.95": {"vtrace__td_lambda": 0.95},
+}
+VARIANTS = {**A3C_VARIANTS, **ABLATIONS}
 
 
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
@@ -171,9 +183,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=list(TASKS))
     parser.add_argument("--seeds", type=int, nargs="+", help="default: 5 for CartPole, 3 otherwise")
-    parser.add_argument("--only", nargs="+", choices=[*A3C_VARIANTS, "ppo"],
-                        default=[*A3C_VARIANTS, "ppo"])
+    parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "ppo"],
+                        help=f"default: {' '.join([*A3C_VARIANTS, 'ppo'])}")
+    parser.add_argument("--ablation", action="store_true",
+                        help=f"run a3c and its ablations instead: {' '.join(ABLATIONS)}")
     args = parser.parse_args()
+    args.only = args.only or (["a3c", *ABLATIONS] if args.ablation else [*A3C_VARIANTS, "ppo"])
     if "ppo" in args.only and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", "rl_zoo3")):
         print("ppo: stable-baselines3 or rl_zoo3 is not installed (pip install -e '.[bench]'), skipped")
         args.only.remove("ppo")
@@ -185,7 +200,7 @@ def main() -> None:
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
                 r = (run_ppo(task, seed, budget) if method == "ppo"
-                     else run_a3c(task, seed, budget, A3C_VARIANTS[method]))
+                     else run_a3c(task, seed, budget, VARIANTS[method]))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
                 print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; final {r.final:7.1f} "
