@@ -74,7 +74,7 @@ class LearnersConfig:
     gamma: float = _f(0.99, "discount factor", ge=0, le=1)
     ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)
     vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
-    max_grad_norm: float = _f(40.0, "gradient norm clipping threshold", gt=0)
+    max_grad_norm: float = _f(0.5, "gradient norm clipping threshold", gt=0)
     epochs: int = _f(4, "passes over each fresh batch (more reuse per fragment)", ge=1)
     minibatches: int = _f(8, "gradient steps per pass: the batch's fragments split in this many parts",
                           ge=1)
