@@ -54,6 +54,8 @@ class ModelConfig:
     cnn: bool | None = _f(None, "CNN torso (null: auto, CNN for image observations)")
     normalize_obs: bool = _f(True, "normalize vector observations by running mean and variance")
     normalize_value: bool = _f(True, "PopArt: learn values in units of the running std of their targets")
+    state_dependent_std: bool = _f(False, "Gaussian policies: the head outputs a log-std per state "
+                                   "(false: one learned log-std per action dimension)")
 
 
 @dataclass

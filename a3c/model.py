@@ -8,7 +8,8 @@ its place; the trainer relies only on:
     ``obs`` is a batch ``[N, *observation_space.shape]`` holding the
     observation space's dtype (e.g. float32, or uint8 for images); the
     module converts it itself. ``policy_params`` parameterise the action
-    distribution (logits for discrete actions, means for continuous ones).
+    distribution (logits for discrete actions; for continuous ones the means, followed
+    by the log-stds when they depend on the state).
 ``dist(policy_params) -> torch.distributions.Distribution``
     Its ``log_prob`` and ``entropy`` return one value per batch row [N].
 ``act(obs, deterministic=False) -> (action, log_prob [N], value [N])``
@@ -85,15 +86,17 @@ class ActorCritic(nn.Module):
         observation_space: ``Box`` (flattened for the MLP torso; ``[C, H, W]``
             for the CNN torso) or ``Discrete`` (one-hot encoded).
         action_space: ``Discrete`` (categorical policy over logits) or a
-            rank-1 ``Box`` (Gaussian with a state-independent learnable
-            ``log_std``; samples are unclipped, the caller clips them to the
-            action bounds before stepping the environment).
+            rank-1 ``Box`` (diagonal Gaussian; samples are unclipped, the caller
+            clips them to the action bounds before stepping the environment).
         hidden_sizes: widths of the MLP torso layers.
         activation: ``"tanh"`` or ``"relu"`` for the MLP torso.
         cnn: use the CNN torso; ``None`` picks it for rank-3 ``Box`` observations.
         normalize_obs: normalise observations by running statistics (MLP torso on
             ``Box`` observations only: images and one-hot inputs are already scaled).
         normalize_value: PopArt-normalised value head.
+        state_dependent_std: Gaussian policies only: the policy head outputs a
+            log-std per action dimension next to the mean, instead of one learnable
+            ``log_std`` per dimension shared by all states (PPO's usual choice).
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class ActorCritic(nn.Module):
         cnn: Optional[bool] = None,
         normalize_obs: bool = False,
         normalize_value: bool = False,
+        state_dependent_std: bool = False,
     ):
         super().__init__()
         if isinstance(observation_space, gym.spaces.Discrete):
@@ -147,12 +151,14 @@ class ActorCritic(nn.Module):
             self.torso, feature_dim = _cnn_torso(chw)
         else:
             self.torso, feature_dim = _mlp_torso(in_dim, hidden_sizes, activation)
-        self.policy_head = _orthogonal(nn.Linear(feature_dim, n_params), 0.01)
+        self._state_std = state_dependent_std and isinstance(action_space, gym.spaces.Box)
+        self.policy_head = _orthogonal(
+            nn.Linear(feature_dim, 2 * n_params if self._state_std else n_params), 0.01)
         self.value_head = _orthogonal(
             PopArt(feature_dim) if normalize_value else nn.Linear(feature_dim, 1), 1.0)
         self.obs_norm = ObservationNorm(observation_space.shape) \
             if normalize_obs and self._obs_kind == "box" and not self.uses_cnn else None
-        if self.is_continuous:
+        if self.is_continuous and not self._state_std:
             self.log_std = nn.Parameter(torch.zeros(n_params))
 
     @property
@@ -192,9 +198,13 @@ class ActorCritic(nn.Module):
     def dist(self, policy_params: torch.Tensor) -> Distribution:
         if not self.is_continuous:
             return Categorical(logits=policy_params, validate_args=False)
+        if self._state_std:  # clamped: a std of e^-5 to e^2 keeps log-probs finite
+            mean, log_std = policy_params.chunk(2, dim=-1)
+            std = log_std.clamp(-5.0, 2.0).exp()
+        else:
+            mean, std = policy_params, self.log_std.exp().expand_as(policy_params)
         # Independent sums log_prob and entropy over the action dimensions.
-        return Independent(Normal(policy_params, self.log_std.exp().expand_as(policy_params),
-                                  validate_args=False), 1, validate_args=False)
+        return Independent(Normal(mean, std, validate_args=False), 1, validate_args=False)
 
     @torch.no_grad()
     def act(
@@ -211,7 +221,7 @@ class ActorCritic(nn.Module):
             action = scores.argmax(dim=-1)
             return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
         dist = self.dist(policy_params)
-        action = policy_params if deterministic else dist.sample()  # the mean, or a sample
+        action = dist.mean if deterministic else dist.sample()
         return action, dist.log_prob(action), value
 
     def evaluate(
@@ -251,7 +261,8 @@ def build_model(
     cnn: Optional[bool] = None,
     normalize_obs: bool = False,
     normalize_value: bool = False,
+    state_dependent_std: bool = False,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
-                       normalize_obs, normalize_value)
+                       normalize_obs, normalize_value, state_dependent_std)

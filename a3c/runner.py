@@ -45,7 +45,7 @@ def build_default_model(cfg: Config) -> torch.nn.Module:
     try:
         return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
                            cfg.model.activation, cfg.model.cnn, cfg.model.normalize_obs,
-                           cfg.model.normalize_value)
+                           cfg.model.normalize_value, cfg.model.state_dependent_std)
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:

@@ -115,6 +115,34 @@ def test_gaussian_log_prob_and_entropy_sum_over_action_dims():
     torch.testing.assert_close(entropy, per_dim.entropy().sum(-1))
 
 
+def test_state_dependent_std_is_read_from_the_head_next_to_the_mean():
+    obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    model = build_model(obs_space, spaces.Box(-2.0, 2.0, (2,), np.float32), state_dependent_std=True)
+    assert not hasattr(model, "log_std")
+    with torch.no_grad():  # log-stds that vary with the state, one beyond the clamp
+        model.policy_head.weight[2:].normal_()
+        model.policy_head.bias[2:] = torch.tensor([0.0, 9.0])
+    obs = batch(obs_space)
+    actions = torch.randn(N, 2)
+
+    params, _ = model(obs)
+    assert params.shape == (N, 4)
+    mean, log_std = params[:, :2], params[:, 2:].clamp(-5.0, 2.0)
+    assert log_std[:, 0].std() > 0 and (log_std[:, 1] == 2.0).all()
+    per_dim = torch.distributions.Normal(mean, log_std.exp())
+    log_prob, entropy, _ = model.evaluate(obs, actions)
+    torch.testing.assert_close(log_prob, per_dim.log_prob(actions).sum(-1))
+    torch.testing.assert_close(entropy, per_dim.entropy().sum(-1))
+    torch.testing.assert_close(model.act(obs, deterministic=True)[0], mean.detach())
+    log_prob.sum().backward()
+    assert model.policy_head.weight.grad[2:].abs().sum() > 0
+
+
+def test_state_dependent_std_leaves_discrete_policies_alone():
+    model = build_model(*CARTPOLE, state_dependent_std=True)
+    assert model(batch(CARTPOLE[0]))[0].shape == (N, 2)
+
+
 def test_discrete_observations_are_one_hot_encoded():
     model = build_model(spaces.Discrete(7), spaces.Discrete(3), hidden_sizes=())
     obs = torch.tensor([0, 3, 6])
