@@ -33,16 +33,6 @@
 #define STRESS_PAYLOAD 40 /* a record larger than one word, to catch torn copies */
 #include "stress_record.h"
 
-/* xorshift64*: each thread draws its own choices of batch size and timeout. */
-static uint64_t next_random(uint64_t *state) {
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545f4914f6cdd1dull;
-}
-
 /* A timeout for one call: mostly non-blocking or short, sometimes unlimited; always
  * unlimited in a blocking round, where a lost wake-up would leave a thread asleep for
  * good (the watchdog in run_round reports it). */

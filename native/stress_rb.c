@@ -166,15 +166,6 @@ typedef struct {
     int prioritized;
 } worker_t;
 
-static uint64_t next_random(uint64_t *state) {
-    uint64_t x = *state;
-    x ^= x >> 12;
-    x ^= x << 25;
-    x ^= x >> 27;
-    *state = x;
-    return x * 0x2545f4914f6cdd1dull;
-}
-
 static void *writer_main(void *arg) {
     worker_t *w = arg;
     record_t batch[MAX_BATCH];

@@ -3,6 +3,7 @@
  * replay buffers): who wrote it, its sequence number, a checksum of the two, and a
  * payload filled from the checksum. A copy mixed from two records, or a slot read while
  * it was being written, fails intact(). Define STRESS_PAYLOAD (bytes) before including.
+ * Also the xorshift64* generator each test thread draws its own choices from.
  */
 #ifndef STRESS_RECORD_H
 #define STRESS_RECORD_H
@@ -35,6 +36,16 @@ static bool intact(const record_t *r) {
     for (size_t i = 0; i < sizeof r->payload; i++)
         if (r->payload[i] != (uint8_t)(r->check & 0xff)) return false;
     return true;
+}
+
+/* xorshift64*: each thread draws its own choices (batch sizes, timeouts) from its state. */
+static uint64_t next_random(uint64_t *state) {
+    uint64_t x = *state;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    *state = x;
+    return x * 0x2545f4914f6cdd1dull;
 }
 
 #endif
