@@ -194,7 +194,9 @@ def fmt_hit(r: Result) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", choices=list(TASKS), default=["cartpole", "acrobot", "pendulum"])
+    parser.add_argument("--tasks", nargs="+", choices=list(TASKS),
+                        default=[name for name, task in TASKS.items() if task.config],
+                        help="default: the tasks with a shipped config")
     parser.add_argument("--seeds", type=int, nargs="+", help="default: 5 for CartPole, 3 otherwise")
     parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "ppo"],
                         help=f"default: {' '.join([*A3C_VARIANTS, 'ppo'])}")
@@ -210,7 +212,8 @@ def main() -> None:
     for name in args.tasks:
         task, budget = TASKS[name], budget_of(TASKS[name])
         if task.requires and not importlib.util.find_spec(task.requires):
-            print(f"\n{task.env_id}: {task.requires} is not installed (pip install -e '.[bench]'), skipped")
+            print(f"\n{task.env_id}: {task.requires} is not installed "
+                  "(pip install -e '.[bench]'), skipped")
             continue
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:

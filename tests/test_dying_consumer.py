@@ -141,7 +141,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
                 # Kill each victim at a random moment once it has started taking records.
                 for i, p in procs.items():
                     wait_until(lambda: counters[f"took{i}"] > 0 or not p.is_alive(),
-                              ROUND_TIMEOUT_S, f"consumer {i} to start")
+                               ROUND_TIMEOUT_S, f"consumer {i} to start")
                     time.sleep(rng.uniform(0.0, 0.05))
                     os.kill(p.pid, signal.SIGKILL)
                     kills += 1
@@ -157,8 +157,8 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
             # The producer must get a whole lap past the slots the victims held.
             target = producer.pushed + 2 * CAPACITY + BATCH
             wait_until(lambda: producer.pushed >= target or producer.error is not None,
-                      ROUND_TIMEOUT_S, f"the producer to get a lap further in round {r}; "
-                      f"stats {q.stats()}")
+                       ROUND_TIMEOUT_S, f"the producer to get a lap further in round {r}; "
+                       f"stats {q.stats()}")
             assert producer.error is None, f"round {r}: the producer wedged: {producer.error!r}"
             rounds += 1
     finally:

@@ -133,7 +133,7 @@ def test_killed_producers_never_wedge_consumers_and_survivors_arrive_exactly_onc
                 # Kill each victim at a random moment once it has started pushing.
                 for v in victims:
                     wait_until(lambda: counters[f"pushed{v}"] > 0 or not procs[v].is_alive(),
-                              ROUND_TIMEOUT_S, f"producer {v} to start")
+                               ROUND_TIMEOUT_S, f"producer {v} to start")
                     time.sleep(rng.uniform(0.0, 0.08))
                     os.kill(procs[v].pid, signal.SIGKILL)
                 procs[survivor].join(ROUND_TIMEOUT_S)

@@ -123,7 +123,7 @@ def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
             try:
                 for v in victims:  # kill each victim at a random moment once it adds
                     wait_until(lambda: counters[f"added{v}"] > 0 or not procs[v].is_alive(),
-                              ROUND_TIMEOUT_S, f"writer {v} to start")
+                               ROUND_TIMEOUT_S, f"writer {v} to start")
                     time.sleep(rng.uniform(0.0, 0.05))
                     os.kill(procs[v].pid, signal.SIGKILL)
                 for v in victims:
@@ -132,8 +132,8 @@ def test_killed_writers_never_wedge_samplers_and_their_slots_are_taken_back():
                 # The survivor keeps adding after the kills, lapping the victims' slots.
                 goal = counters[f"added{survivor}"] + SURVIVOR_RECORDS
                 wait_until(lambda: counters[f"added{survivor}"] >= goal, ROUND_TIMEOUT_S,
-                          f"writer {survivor} to add {SURVIVOR_RECORDS} records after the kills: "
-                          f"writers wedged; stats {buf.stats()}")
+                           f"writer {survivor} to add {SURVIVOR_RECORDS} records after the kills: "
+                           f"writers wedged; stats {buf.stats()}")
             finally:
                 for p in procs.values():
                     if p.is_alive():
