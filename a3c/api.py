@@ -51,6 +51,8 @@ class A3C:
         self.model = model if model is not None else build_default_model(self.config)
         self._state: dict | None = None  # optimizer state and counters after learn()
         self.run_dir: Path | None = None
+        # The returns of the last episodes of the latest learn(); empty before one.
+        self.recent_returns: list[float] = []
 
     @property
     def counters(self) -> dict:

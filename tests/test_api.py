@@ -52,6 +52,11 @@ def test_learn_returns_self_and_writes_its_run_folder_under_run_root(agent):
     assert (agent.run_dir / "config.yaml").is_file() and (agent.run_dir / "checkpoint.pt").is_file()
 
 
+def test_recent_returns_is_an_empty_list_before_learn_and_filled_after(agent):
+    assert A3C(str(CONFIG), **TINY).recent_returns == []
+    assert agent.recent_returns and all(isinstance(r, float) for r in agent.recent_returns)
+
+
 def test_learn_again_continues_from_the_last_counters(tmp_path):
     agent = A3C(CONFIG, logging__run_root=str(tmp_path), **TINY)
     agent.learn(500, sink=MemorySink())
