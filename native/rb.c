@@ -36,7 +36,7 @@
 #define LINE 128      /* hot fields two cache lines apart: adjacent-line prefetch */
 #define SLOT_ALIGN 64 /* slots start on a cache line */
 #define RB_MAGIC 0x3146554252504552ull /* "REPRBUF1" */
-#define RB_VERSION 1
+#define RB_VERSION 2 /* 2: use counts with pending draws */
 
 #ifdef RB_TEST_HOOKS
 /* Test builds only (native/stress_rb.c): called after a writer has taken a slot and
@@ -78,14 +78,25 @@ static inline uint64_t writing(pid_t pid) { return (uint64_t)(uint32_t)pid << 1;
 static inline pid_t writer_of(uint64_t s) { return (pid_t)(s >> 1); }
 
 /*
- * Use counts (max_times_sampled): tag << 16 | count, where the tag is the low 48 bits of
- * the position, so that a sampler's increment can never land on the record that
- * replaced the one it drew.
+ * Use counts (max_times_sampled): tag << 32 | pending << 16 | count.
+ *   count    draws of this record returned to callers: it only grows, and the record
+ *            retires when it reaches max_times_sampled;
+ *   pending  draws held by batches still being drawn: each becomes a count when its
+ *            batch is complete, or is given back when the batch fails, so that a failed
+ *            sample takes nothing;
+ *   tag      the low 32 bits of the position, so that a sampler's change can never land
+ *            on the record that replaced the one it drew (that would take 2^32 / capacity
+ *            laps of the ring between its read of the stamp and its compare-and-swap).
+ * A record may be drawn while count + pending < max_times_sampled <= 65535, so both
+ * fields fit in 16 bits.
  */
-#define TAG_MASK ((1ull << 48) - 1)
-static inline uint64_t fresh_uses(uint64_t p) { return (p & TAG_MASK) << 16; }
-static inline bool uses_of(uint64_t u, uint64_t p) { return (u >> 16) == (p & TAG_MASK); }
+#define TAG_MASK 0xffffffffull
+#define ONE_PENDING (1ull << 16)
+static inline uint64_t fresh_uses(uint64_t p) { return (p & TAG_MASK) << 32; }
+static inline bool uses_of(uint64_t u, uint64_t p) { return (u >> 32) == (p & TAG_MASK); }
 static inline uint64_t count_of(uint64_t u) { return u & 0xffff; }
+static inline uint64_t pending_of(uint64_t u) { return (u >> 16) & 0xffff; }
+static inline uint64_t held_of(uint64_t u) { return count_of(u) + pending_of(u); }
 
 typedef struct {
     _Atomic uint64_t stamp; /* see above */
@@ -530,27 +541,39 @@ static bool drawable(header_t *h, uint64_t index, uint64_t want, uint64_t *pos) 
     *pos = position_of(stamp);
     if (h->max_times_sampled) {
         uint64_t u = atomic_load_explicit(&s->uses, memory_order_relaxed);
-        if (!uses_of(u, *pos) || count_of(u) >= h->max_times_sampled) return false;
+        if (!uses_of(u, *pos) || held_of(u) >= h->max_times_sampled) return false;
     }
     return true;
 }
 
-/* Count one draw of position p against max_times_sampled. False if it is used up
- * (another sampler took the last draw) or the slot holds another record by now. */
-static bool count_use(header_t *h, uint64_t index, uint64_t p) {
-    slot_t *s = slot_of(h, index);
-    uint64_t u = atomic_load_explicit(&s->uses, memory_order_relaxed);
+/* Hold one draw of position p against max_times_sampled (pending + 1). False if its
+ * draws are used up or held by others, or the slot holds another record by now. Relaxed
+ * throughout: the use word orders nothing else; the record's words are read under the
+ * seqlock, and its stamp, not this word, says whose record it is. */
+static bool hold_use(header_t *h, uint64_t index, uint64_t p) {
+    _Atomic uint64_t *uses = &slot_of(h, index)->uses;
+    uint64_t u = atomic_load_explicit(uses, memory_order_relaxed);
     do {
-        if (!uses_of(u, p) || count_of(u) >= h->max_times_sampled) return false;
-    } while (!atomic_compare_exchange_weak_explicit(&s->uses, &u, u + 1, memory_order_relaxed,
-                                                    memory_order_relaxed));
-    /* Used up: take it out of the tree so that draws stop landing on it. */
-    if (h->prioritized && count_of(u) + 1 >= h->max_times_sampled) {
-        tree_begin(h);
-        set_leaf_of(h, index, p, 0.0);
-        tree_end(h, 1);
-    }
+        if (!uses_of(u, p) || held_of(u) >= h->max_times_sampled) return false;
+    } while (!atomic_compare_exchange_weak_explicit(uses, &u, u + ONE_PENDING,
+                                                    memory_order_relaxed, memory_order_relaxed));
     return true;
+}
+
+/* Settle one held draw of position p: `keep` turns it into a count (pending - 1,
+ * count + 1), else it is given back (pending - 1). Nothing to do if the slot holds
+ * another record by now: the writer reset the word. Returns true when this draw was
+ * the record's last (count reached max_times_sampled): exactly one settler sees that,
+ * since counts never go down. */
+static bool settle_use(header_t *h, uint64_t index, uint64_t p, bool keep) {
+    _Atomic uint64_t *uses = &slot_of(h, index)->uses;
+    uint64_t u = atomic_load_explicit(uses, memory_order_relaxed), next;
+    do {
+        if (!uses_of(u, p) || pending_of(u) == 0) return false;
+        next = u - ONE_PENDING + (keep ? 1 : 0);
+    } while (!atomic_compare_exchange_weak_explicit(uses, &u, next, memory_order_relaxed,
+                                                    memory_order_relaxed));
+    return keep && count_of(next) >= h->max_times_sampled;
 }
 
 /*
@@ -560,7 +583,8 @@ static bool count_use(header_t *h, uint64_t index, uint64_t p) {
  * 2. copy the words (relaxed);
  * 3. acquire fence, then load the stamp again: if a writer wrote any word we copied,
  *    its claim (before its release fence) is visible here and the stamp differs.
- * Then count the draw. The stamp equal before and after means the copy is one record.
+ * Then hold the draw (max_times_sampled). The stamp equal before and after means the
+ * copy is one record.
  */
 static bool take(header_t *h, uint64_t index, uint64_t want, char *out, uint64_t *pos) {
     slot_t *s = slot_of(h, index);
@@ -569,7 +593,7 @@ static bool take(header_t *h, uint64_t index, uint64_t want, char *out, uint64_t
     load_record(out, words_of(s), h->record_size);
     atomic_thread_fence(memory_order_acquire);
     if (atomic_load_explicit(&s->stamp, memory_order_relaxed) != stamp) return false;
-    return !h->max_times_sampled || count_use(h, index, *pos);
+    return !h->max_times_sampled || hold_use(h, index, *pos);
 }
 
 enum { TAKEN, RETRY, NONE };
@@ -790,17 +814,43 @@ static uint64_t draw_prioritized_batch(header_t *h, uint64_t *rng, char *out,
     return k;
 }
 
+/*
+ * Settle every draw of a batch (max_times_sampled): kept when the batch is complete,
+ * given back when it is not. A prioritized record whose last draw is kept leaves the
+ * sum tree now, so that draws stop landing on it. Only a kept draw retires a record, and
+ * a kept draw is never given back, so a record leaves the tree once, and only when its
+ * draws were all returned to callers; a record held by a batch that fails stays in the
+ * tree throughout (draws that land on it meanwhile are refused and drawn again).
+ */
+static void settle_batch(header_t *h, const uint64_t *positions, uint64_t k, bool keep) {
+    bool tree = h->prioritized && keep;
+    if (tree) tree_begin(h);
+    uint64_t retired = 0;
+    for (uint64_t i = 0; i < k; i++) {
+        uint64_t p = positions[i], index = p % h->capacity;
+        if (settle_use(h, index, p, keep) && tree) retired += set_leaf_of(h, index, p, 0.0);
+    }
+    if (tree) tree_end(h, retired);
+}
+
+/*
+ * One try at a whole batch: n records, or nothing taken. The rate limiter's reservation
+ * (or, without one, the count of records returned) and each record's draws become final
+ * only when all n are drawn; a try that falls short gives everything back.
+ */
 static int64_t try_sample(header_t *h, uint64_t *rng, char *out, uint64_t *positions,
                           double *probabilities, uint64_t n, uint64_t recent) {
     if (!reserve(h, n)) return 0;
     uint64_t k = h->prioritized ? draw_prioritized_batch(h, rng, out, positions, probabilities, n)
                                 : draw_uniform_batch(h, rng, out, positions, n, recent);
-    /* sampled counts records returned: give back an unused reservation, or count. */
-    if (h->samples_per_insert != 0)
-        atomic_fetch_sub_explicit(&h->sampled, n - k, memory_order_relaxed);
-    else
-        atomic_fetch_add_explicit(&h->sampled, k, memory_order_relaxed);
-    return (int64_t)k;
+    bool complete = k == n;
+    if (h->max_times_sampled) settle_batch(h, positions, k, complete);
+    /* sampled counts records returned: give back the reservation, or count the batch. */
+    if (h->samples_per_insert != 0 && !complete)
+        atomic_fetch_sub_explicit(&h->sampled, n, memory_order_relaxed);
+    else if (h->samples_per_insert == 0 && complete)
+        atomic_fetch_add_explicit(&h->sampled, n, memory_order_relaxed);
+    return complete ? (int64_t)n : 0;
 }
 
 static void pause_round(int round, int64_t deadline) {

@@ -44,7 +44,9 @@ int rb_check(const void *mem, uint64_t mem_bytes, const rb_config_t *config);
 
 /*
  * Add n records. One fetch-add on the write cursor claims positions [first, first + n);
- * the call never waits. Returns `first`. Of a batch longer than the capacity only the
+ * then each slot is taken with a compare-and-swap of its stamp (which fails only against
+ * a writer lapped in that slot), written and published, and the counters are bumped once
+ * per call. The call never waits. Returns `first`. Of a batch longer than the capacity only the
  * last `capacity` records are written (the others would be overwritten by the batch
  * itself). New records of a prioritized buffer get the largest priority seen so far.
  */
@@ -61,9 +63,12 @@ void rb_seed(uint64_t *rng, uint64_t seed);
  * recent positions (0: all of them); prioritized ones in proportion to priority^alpha,
  * and write each record's probability to probabilities (required for prioritized
  * buffers, unused by uniform ones, where it may be NULL).
+ * All or nothing: a call returns n with every draw counted (the rate limiter's
+ * `sampled`, each record's draws against max_times_sampled), or 0 with nothing counted
+ * and no record retired, as if it had not been made.
  * timeout_ns: 0 never waits, < 0 waits without limit, > 0 waits at most that long while
- * nothing can be drawn (rate limiter, min_size_to_sample, records used up). Returns the
- * count drawn (0 if none before the timeout), or RB_BAD_ARGUMENT.
+ * a whole batch cannot be drawn (rate limiter, min_size_to_sample, too few records with
+ * draws left). Returns n, 0 if no whole batch before the timeout, or RB_BAD_ARGUMENT.
  */
 int64_t rb_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions, double *probabilities, uint64_t n, uint64_t recent, int64_t timeout_ns);
 

@@ -9,7 +9,11 @@
  *   - every position drawn holds the record written there (records carry their writer
  *     and sequence, the test keeps which position each add returned);
  *   - the counters add up once the writers are done: claimed = added + dropped;
- *   - the sum tree's root equals the sum of its leaves up to float rounding.
+ *   - the sum tree's root equals the sum of its leaves up to float rounding;
+ *   - with max_times_sampled, samplers racing for the last draws of every record
+ *     (uniform and prioritized): a batch comes back whole or not at all, and no draw is
+ *     lost, so once they stop, draining one record at a time finds exactly the draws
+ *     they did not take.
  *
  * Before the rounds, scenarios of writers that stop inside an add (through the
  * RB_TEST_HOOKS point of rb.c): a forked child that exits after taking a slot stands
@@ -271,6 +275,77 @@ static int run_round(int round, uint64_t capacity, int prioritized, uint64_t ite
     return 0;
 }
 
+/* ---- samplers racing near max_times_sampled ---- */
+
+#define LIMIT_RECORDS 48
+#define LIMIT_TIMES 3
+
+typedef struct {
+    void *mem;
+    uint64_t seed;
+    uint64_t returned[LIMIT_RECORDS]; /* draws of each position returned to this sampler */
+} limit_worker_t;
+
+static void *limit_sampler_main(void *arg) {
+    limit_worker_t *w = arg;
+    record_t out[12];
+    uint64_t positions[12], rng[4], state = w->seed;
+    double probabilities[12];
+    rb_seed(rng, w->seed);
+    for (int misses = 0; misses < 200;) {
+        uint64_t n = 1 + next_random(&state) % 12;
+        int64_t got = rb_sample(w->mem, rng, out, positions, probabilities, n, 0, 0);
+        if (got != 0 && got != (int64_t)n) FAIL("a batch of %" PRIu64 " returned %" PRId64, n, got);
+        misses += got == 0;
+        for (int64_t i = 0; i < got; i++) {
+            if (!intact(&out[i]) || positions[i] >= LIMIT_RECORDS) FAIL("bad draw");
+            w->returned[positions[i]]++;
+        }
+    }
+    return NULL;
+}
+
+static void limit_round(int prioritized, int samplers) {
+    void *mem = new_buffer(LIMIT_RECORDS, prioritized, LIMIT_TIMES);
+    record_t batch[LIMIT_RECORDS];
+    for (uint64_t i = 0; i < LIMIT_RECORDS; i++) fill(&batch[i], 0, i);
+    rb_add(mem, batch, LIMIT_RECORDS);
+    limit_worker_t w[MAX_THREADS] = {0};
+    pthread_t t[MAX_THREADS];
+    for (int i = 0; i < samplers; i++) {
+        w[i].mem = mem;
+        w[i].seed = 0x9876543ull * (uint64_t)(i + 1) + (uint64_t)prioritized;
+        pthread_create(&t[i], NULL, limit_sampler_main, &w[i]);
+    }
+    uint64_t returned[LIMIT_RECORDS] = {0}, total = 0;
+    for (int i = 0; i < samplers; i++) {
+        pthread_join(t[i], NULL);
+        for (int p = 0; p < LIMIT_RECORDS; p++) returned[p] += w[i].returned[p];
+    }
+    for (int p = 0; p < LIMIT_RECORDS; p++) total += returned[p];
+    rb_stats_t s;
+    rb_stats(mem, &s);
+    if (s.sampled != total) FAIL("sampled %" PRIu64 " != draws returned %" PRIu64, s.sampled, total);
+    /* Drain: every draw not returned is still there, and nothing more. */
+    record_t one;
+    uint64_t position, rng[4];
+    double probability;
+    rb_seed(rng, 7);
+    while (rb_sample(mem, rng, &one, &position, &probability, 1, 0, 0) == 1) returned[position]++;
+    for (int p = 0; p < LIMIT_RECORDS; p++)
+        if (returned[p] != LIMIT_TIMES)
+            FAIL("record %d was drawn %" PRIu64 " times, not max_times_sampled = %d", p,
+                 returned[p], LIMIT_TIMES);
+    if (prioritized && s.total_priority < 0) FAIL("negative tree");
+    if (prioritized) {
+        rb_stats(mem, &s);
+        if (fabs(s.total_priority) > 1e-9) FAIL("retired records left %g in the tree", s.total_priority);
+    }
+    printf("max_times_sampled race (%s, %d samplers): %" PRIu64 " draws returned while racing: ok\n",
+           prioritized ? "prioritized" : "uniform", samplers, total);
+    free_buffer(mem);
+}
+
 static uint64_t arg(int argc, char **argv, int i, uint64_t fallback) {
     return argc > i ? strtoull(argv[i], NULL, 10) : fallback;
 }
@@ -281,6 +356,8 @@ int main(int argc, char **argv) {
     if (writers < 1 || samplers < 1 || writers + samplers > MAX_THREADS || items * writers > MAX_ITEMS)
         FAIL("usage: stress_rb [items_per_writer [rounds [writers [samplers]]]] within limits");
     hook_scenarios();
+    limit_round(0, samplers + 1);
+    limit_round(1, samplers + 1);
     pthread_t watchdog;
     pthread_create(&watchdog, NULL, watchdog_main, (void *)(uintptr_t)120);
     static const uint64_t capacities[] = {1, 3, 8, 64};

@@ -15,6 +15,7 @@ import os
 import queue
 import secrets
 import struct
+import threading
 import time
 import weakref
 import zlib
@@ -199,11 +200,11 @@ class ReplayBuffer:
         # As in ArrayQueue: a subarray dtype is stored as its base type with that shape.
         self._base = dtype.base
         self._item_shape = dtype.shape
-        # The C-side buffers of this handle, allocated here once: its random state, the
-        # state of a call given its own rng, and positions nobody asked for.
+        # This handle's random state, allocated once; and per thread, the positions of
+        # draws nobody asked for (C reads them back to settle the batch, so two threads
+        # sampling through one handle must not share them).
         self._rng = ffi.new("uint64_t[4]")
-        self._call_rng = ffi.new("uint64_t[4]")
-        self._positions = np.empty(0, np.uint64)
+        self._scratch = threading.local()
         self._reseed(seed)
         self._waits = bool(settings.samples_per_insert or settings.max_times_sampled
                            or settings.min_size_to_sample > 1)
@@ -312,10 +313,11 @@ class ReplayBuffer:
         out = self._out(out, batch_size)
         if return_indices:
             positions = np.empty(batch_size, np.uint64)
-        else:  # nobody reads them: the handle's scratch array
-            if len(self._positions) < batch_size:
-                self._positions = np.empty(batch_size, np.uint64)
-            positions = self._positions[:batch_size]
+        else:  # nobody asked for them: this thread's scratch array
+            positions = getattr(self._scratch, "positions", None)
+            if positions is None or len(positions) < batch_size:
+                positions = self._scratch.positions = np.empty(batch_size, np.uint64)
+            positions = positions[:batch_size]
         self._draw(out, positions, ffi.NULL, recent or 0, rng, timeout)
         return (out, positions) if return_indices else out
 
@@ -339,39 +341,37 @@ class ReplayBuffer:
             seed = int(rng) % 2**64
         else:
             raise TypeError(f"rng must be None, an int seed or a numpy.random.Generator, got {rng!r}")
-        lib.rb_seed(self._call_rng, seed)
-        return self._call_rng
+        state = _new("uint64_t[4]")  # one per call: threads may share the handle
+        lib.rb_seed(state, seed)
+        return state
 
     def _draw(self, out, positions, probabilities, recent: int, rng, timeout) -> None:
-        """Fill out and positions (and probabilities) in full, or raise Empty."""
+        """Fill out and positions (and probabilities) in full, or raise Empty having taken
+        nothing: C draws a whole batch or gives every draw back (native/README.md)."""
         if timeout is not None and timeout != math.inf:
             timeout = _check_number("timeout", timeout, positive=False)
         state = self._generator(rng)
         n = len(out)
         out_c, pos_c = _from_buffer(out), ffi.from_buffer("uint64_t[]", positions)
-        size = self._dtype.itemsize
         waits = self._waits and timeout != 0
         deadline = _deadline(timeout) if waits else None
-        done = rounds = 0
+        rounds = 0
         while True:
             slice_ns = 0
             if waits:
                 slice_ns = _WAIT_SLICE_NS if deadline is None else \
                     min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9)))
-            got = _sample(self._mem, state, out_c + done * size, pos_c + done,
-                          probabilities + done if probabilities != ffi.NULL else ffi.NULL,
-                          n - done, recent, slice_ns)
+            got = _sample(self._mem, state, out_c, pos_c, probabilities, n, recent, slice_ns)
+            if got == n:
+                return
             if got < 0:
                 raise RuntimeError(f"replay buffer error {got}")
-            done += got
-            if done == n:
-                return
             if not self._waits and self._overwritten_meanwhile(rounds := rounds + 1):
                 os.sched_yield()  # the writers were faster: the records are there, try again
                 continue
-            if not waits or (got == 0 and deadline is not None and time.monotonic() >= deadline):
+            if not waits or (deadline is not None and time.monotonic() >= deadline):
                 break
-        raise queue.Empty(self._why_empty(done, n, timeout))
+        raise queue.Empty(self._why_empty(n, timeout))
 
     def _overwritten_meanwhile(self, rounds: int) -> bool:
         """Whether a draw without limits failed only because writers kept overwriting
@@ -381,7 +381,7 @@ class ReplayBuffer:
         drawable = s.size > 0 and not (self._PRIORITIZED and s.total_priority <= 0)
         return drawable and rounds <= _CONTENDED_ROUNDS
 
-    def _why_empty(self, done: int, n: int, timeout) -> str:
+    def _why_empty(self, n: int, timeout) -> str:
         s, settings = self._stats(), self._settings
         if s.size == 0 and not self._waits:
             return "the replay buffer is empty: add records before sampling"
@@ -395,9 +395,10 @@ class ReplayBuffer:
             reasons.append(f"the rate limiter allows {settings.samples_per_insert} samples per "
                            f"insert (+{settings.error_buffer}); {s.sampled} sampled, {s.added} added")
         if settings.max_times_sampled:
-            reasons.append(f"records retire after {settings.max_times_sampled} draws")
+            reasons.append(f"records retire after {settings.max_times_sampled} draws: fewer "
+                           f"than {n} draws may be left")
         waited = "at once" if timeout == 0 or not self._waits else f"within {timeout} s"
-        return (f"drew {done} of {n} records {waited}: "
+        return (f"could not draw a batch of {n} records {waited} (nothing was taken): "
                 + ("; ".join(reasons) or "writers overwrote every slot it tried to read; "
                    "give the buffer a larger capacity"))
 

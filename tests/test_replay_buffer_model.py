@@ -2,8 +2,8 @@
 ReplayBuffer and against a slow Python reference written from the description in
 native/README.md ("Replay buffers"): a ring indexed by position, xoshiro256** seeded by
 splitmix64, Lemire's multiply-shift for a bounded draw, candidates drawn in groups of 16,
-retries then a census scan when records are used up (max_times_sampled), and the
-sample-to-insert limiter. In one thread
+retries then a census scan when records are used up (max_times_sampled), the
+sample-to-insert limiter, and a batch that cannot be drawn whole taking nothing. In one thread
 every draw is determined by the seed, so the records, positions and counters must match
 exactly.
 """
@@ -115,7 +115,7 @@ class Reference:
             return None
         if self.spi and self.sampled + n > self.spi * (self.added - self.min_size) + self.eb:
             return None
-        rng, got = Xoshiro(seed), []
+        rng, got, uses_before = Xoshiro(seed), [], dict(self.uses)
         while len(got) < n:  # in groups of GROUP candidates, replaced by a full draw if refused
             lo, hi = self._window(recent)
             if hi == lo:
@@ -129,8 +129,11 @@ class Reference:
             else:
                 continue
             break
-        self.sampled += len(got)
-        return got if len(got) == n else None
+        if len(got) < n:  # all or nothing: a batch that falls short gives its draws back
+            self.uses = uses_before
+            return None
+        self.sampled += n
+        return got
 
 
 operation = st.one_of(
