@@ -25,15 +25,13 @@ import numpy as np
 
 from ._rq import ffi, lib
 from ._shm import Segment, SegmentGone
-from .queue import ArrayQueue, Closed, _check_dtype, _deadline
+from ._base import RecordHandle, check_dtype, deadline_of, wait_slice_ns
+from .queue import Closed
 
 __all__ = ["ReplayBuffer", "PrioritizedReplayBuffer", "PrioritizedSample", "MAX_TIMES_SAMPLED"]
 
 MAX_TIMES_SAMPLED = lib.RB_MAX_TIMES_SAMPLED
 
-# Waiting samplers come back to Python at least this often, so that Ctrl-C and other
-# signals are handled while they wait (as ArrayQueue's blocking calls do).
-_WAIT_SLICE_NS = 50_000_000
 # A sampler without limits whose draws keep landing on slots being overwritten tries again
 # this many times (yielding between tries) before it reports the buffer as contended.
 _CONTENDED_ROUNDS = 100_000
@@ -126,7 +124,7 @@ def _reseed_forked_copies() -> None:
 os.register_at_fork(before=_count_fork_copies, after_in_child=_reseed_forked_copies)
 
 
-class ReplayBuffer:
+class ReplayBuffer(RecordHandle):
     """A ring of `capacity` records of one numpy dtype, sampled uniformly with replacement.
 
     `add`/`add_many` never wait; when the ring is full the oldest records are overwritten.
@@ -167,7 +165,7 @@ class ReplayBuffer:
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if not 1 <= capacity <= lib.RB_MAX_CAPACITY:
             raise ValueError(f"capacity must be between 1 and {lib.RB_MAX_CAPACITY}, got {capacity}")
-        _check_dtype(dtype)
+        check_dtype(dtype)
         if max_times_sampled is not None:
             if not _is_int(max_times_sampled) or not 1 <= max_times_sampled <= MAX_TIMES_SAMPLED:
                 raise ValueError(f"max_times_sampled must be None or an int from 1 to "
@@ -196,10 +194,7 @@ class ReplayBuffer:
         self._mem = segment.address
         self._settings = settings
         self._capacity = settings.capacity
-        self._dtype = dtype
-        # As in ArrayQueue: a subarray dtype is stored as its base type with that shape.
-        self._base = dtype.base
-        self._item_shape = dtype.shape
+        self._set_dtype(dtype)
         # This handle's random state, allocated once; and per thread, the positions of
         # draws nobody asked for (C reads them back to settle the batch, so two threads
         # sampling through one handle must not share them).
@@ -354,14 +349,11 @@ class ReplayBuffer:
         n = len(out)
         out_c, pos_c = _from_buffer(out), ffi.from_buffer("uint64_t[]", positions)
         waits = self._waits and timeout != 0
-        deadline = _deadline(timeout) if waits else None
+        until = deadline_of(timeout) if waits else None
         rounds = 0
         while True:
-            slice_ns = 0
-            if waits:
-                slice_ns = _WAIT_SLICE_NS if deadline is None else \
-                    min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9)))
-            got = _sample(self._mem, state, out_c, pos_c, probabilities, n, recent, slice_ns)
+            got = _sample(self._mem, state, out_c, pos_c, probabilities, n, recent,
+                          wait_slice_ns(until) if waits else 0)
             if got == n:
                 return
             if got < 0:
@@ -369,7 +361,7 @@ class ReplayBuffer:
             if not self._waits and self._overwritten_meanwhile(rounds := rounds + 1):
                 os.sched_yield()  # the writers were faster: the records are there, try again
                 continue
-            if not waits or (deadline is not None and time.monotonic() >= deadline):
+            if not waits or (until is not None and time.monotonic() >= until):
                 break
         raise queue.Empty(self._why_empty(n, timeout))
 
@@ -524,14 +516,8 @@ class ReplayBuffer:
     def __repr__(self) -> str:
         return f"{type(self).__name__}({len(self)}/{self._capacity}, dtype={self._dtype})"
 
-    # ---- record conversion: the same checks and messages as ArrayQueue's ----------------
-
+    # Words in the messages of RecordHandle's record checks.
     _NOUN, _ROWS = "buffer", "batch_size"
-
-    _record = ArrayQueue._record
-    _check_out = ArrayQueue._check_out
-    _check_array = ArrayQueue._check_array
-    _describe = ArrayQueue._describe
 
 
 def _as_descr(descr):

@@ -1,26 +1,21 @@
 """ArrayQueue: a bounded lock-free queue of fixed-size numpy records in shared memory."""
 from __future__ import annotations
 
-import math
 import queue
 import time
 
 import numpy as np
 
+from ._base import (MAX_RECORD_BYTES, WAIT_SLICE_NS, RecordHandle, check_dtype, deadline_of,
+                    wait_slice_ns)
 from ._rq import ffi, lib
 from ._shm import Segment, SegmentGone
 
 __all__ = ["ArrayQueue", "Closed", "MAX_CAPACITY", "MAX_RECORD_BYTES"]
 
 MAX_CAPACITY = lib.RQ_MAX_CAPACITY
-MAX_RECORD_BYTES = lib.RQ_MAX_RECORD_SIZE
 MAX_PRODUCERS = lib.RQ_MAX_PRODUCERS
 MAX_CONSUMERS = lib.RQ_MAX_CONSUMERS
-
-# Blocking calls wait in the kernel for at most this long per C call, then come back to
-# Python, so that Ctrl-C and other signals are handled while a thread waits.
-_WAIT_SLICE_S = 0.05
-_WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
 
 
 # Bound once: these are on the per-item path.
@@ -43,17 +38,7 @@ def _check_timeout(block: bool, timeout: float | None) -> None:
         raise _timeout_error(timeout)
 
 
-# (given kind, queue kind) pairs whose conversion loses information: float or complex
-# into integer or bool, complex into float.
-_LOSSY_KINDS = {g + q for g in "fc" for q in "iub"} | {"cf"}
-
-
-def _deadline(timeout: float | None) -> float | None:
-    """When a wait of `timeout` seconds ends; None for no limit (None or infinity)."""
-    return None if timeout is None or timeout == math.inf else time.monotonic() + timeout
-
-
-class ArrayQueue:
+class ArrayQueue(RecordHandle):
     """Bounded multi-producer multi-consumer FIFO of records of one numpy dtype.
 
     One item is one element of `dtype`, which may be structured, for example a
@@ -75,7 +60,7 @@ class ArrayQueue:
             raise TypeError(f"capacity must be an int, got {type(capacity).__name__}")
         if not 1 <= capacity <= MAX_CAPACITY:
             raise ValueError(f"capacity must be between 1 and {MAX_CAPACITY}, got {capacity}")
-        _check_dtype(dtype)
+        check_dtype(dtype)
         capacity = int(capacity)
         segment = Segment.create(lib.rq_queue_bytes(capacity, dtype.itemsize))
         lib.rq_queue_init(segment.address, capacity, dtype.itemsize)
@@ -85,11 +70,7 @@ class ArrayQueue:
         self._segment = segment
         self._q = segment.address
         self._capacity = capacity
-        self._dtype = dtype
-        # A dtype with a subarray, e.g. ("f4", (84, 84)), is stored as its base type with
-        # that shape per item: numpy expands it when it creates an array.
-        self._base = dtype.base
-        self._item_shape = dtype.shape
+        self._set_dtype(dtype)
 
     @classmethod
     def _attach(cls, name: str, capacity: int, dtype: np.dtype) -> ArrayQueue:
@@ -159,7 +140,7 @@ class ArrayQueue:
         # One C call when there is room, with or without a timeout: the deadline is worked
         # out only once that call has found the queue full.
         if timeout is None:
-            moved = _push(self._q, record, 1, _WAIT_SLICE_NS if block else 0)
+            moved = _push(self._q, record, 1, WAIT_SLICE_NS if block else 0)
         elif not block or timeout > 0:  # a zero, negative or NaN timeout fails `timeout > 0`
             moved = _push(self._q, record, 1, 0)
         else:
@@ -168,7 +149,7 @@ class ArrayQueue:
             return
         if moved < 0:
             raise self._error(moved)
-        if not (block and self._move(_push, record, 1, block, _deadline(timeout))):
+        if not (block and self._move(_push, record, 1, block, deadline_of(timeout))):
             raise queue.Full
 
     def put_nowait(self, item) -> None:
@@ -182,7 +163,7 @@ class ArrayQueue:
         buffer = _from_buffer(out)
         # One C call when there is an item, with or without a timeout (see put).
         if timeout is None:
-            moved = _pop(self._q, buffer, 1, _WAIT_SLICE_NS if block else 0)
+            moved = _pop(self._q, buffer, 1, WAIT_SLICE_NS if block else 0)
         elif not block or timeout > 0:
             moved = _pop(self._q, buffer, 1, 0)
         else:
@@ -191,7 +172,7 @@ class ArrayQueue:
             return out[0]
         if moved < 0:
             raise self._error(moved)
-        if not (block and self._move(_pop, buffer, 1, block, _deadline(timeout))):
+        if not (block and self._move(_pop, buffer, 1, block, deadline_of(timeout))):
             raise queue.Empty
         return out[0]
 
@@ -220,7 +201,7 @@ class ArrayQueue:
             if moved < 0:
                 raise self._error(moved)
             done = moved
-            deadline = _deadline(timeout) if done < n else None
+            deadline = deadline_of(timeout) if done < n else None
             while done < n:
                 moved = self._move(_push, base + done * size, n - done, block, deadline)
                 if moved == 0:
@@ -254,7 +235,7 @@ class ArrayQueue:
         if n < 0:
             raise self._error(n)
         if n == 0 and block:
-            n = self._move(_pop, buffer, max_items, block, _deadline(timeout))
+            n = self._move(_pop, buffer, max_items, block, deadline_of(timeout))
         if n == 0:
             raise queue.Empty
         return out[:n]
@@ -280,17 +261,16 @@ class ArrayQueue:
 
     # ---- internals --------------------------------------------------------------------
 
-    def _move(self, fn, buffer, n: int, block: bool, deadline: float | None) -> int:
-        """Call rq_push/rq_pop, waiting in slices until something moved or `deadline` (a
+    def _move(self, fn, buffer, n: int, block: bool, until: float | None) -> int:
+        """Call rq_push/rq_pop, waiting in slices until something moved or `until` (a
         time.monotonic() value; None for no limit) has passed; at least one call is made.
-        Returns the count moved (0: nothing before the deadline)."""
+        Returns the count moved (0: nothing before `until`)."""
         if not block:
             moved = fn(self._q, buffer, n, 0)
         else:
             while True:
-                moved = fn(self._q, buffer, n, _WAIT_SLICE_NS if deadline is None else
-                           min(_WAIT_SLICE_NS, max(1, int((deadline - time.monotonic()) * 1e9))))
-                if moved != 0 or (deadline is not None and time.monotonic() >= deadline):
+                moved = fn(self._q, buffer, n, wait_slice_ns(until))
+                if moved != 0 or (until is not None and time.monotonic() >= until):
                     break
         if moved < 0:
             raise self._error(moved)
@@ -311,80 +291,8 @@ class ArrayQueue:
             )
         return RuntimeError(f"queue error {code}")
 
-    # Words in the messages of the record checks below, which the replay buffers share.
     _NOUN, _ROWS = "queue", "max_items"
-
-    def _record(self, item):
-        """One item as a cffi buffer of exactly one record, or a clear error."""
-        if type(item) is np.void and item.dtype == self._dtype:  # a row of a record array
-            return _from_buffer(item)
-        if isinstance(item, (np.ndarray, np.generic)):
-            if item.dtype != self._base or item.shape != self._item_shape:
-                raise TypeError(
-                    f"item has dtype {item.dtype} and shape {item.shape}; this {self._NOUN} holds "
-                    f"{self._describe()}"
-                )
-            if isinstance(item, np.ndarray) and not item.flags.c_contiguous:
-                item = np.ascontiguousarray(item)
-        else:
-            # Refuse conversions that drop a fraction or an imaginary part (5.7 into an
-            # int queue); numpy itself refuses out-of-range Python ints.
-            kinds = np.asarray(item).dtype.kind + self._base.kind if self._base.fields is None else ""
-            if kinds in _LOSSY_KINDS:
-                raise TypeError(f"cannot store {item!r} as {self._describe()} without losing "
-                                "information; convert it explicitly")
-            try:
-                item = np.asarray(item, dtype=self._base)
-            except (TypeError, ValueError, OverflowError) as error:
-                raise TypeError(f"cannot store {item!r} as {self._describe()}: {error}") from None
-            if item.shape != self._item_shape:
-                raise ValueError(
-                    f"item has shape {item.shape}; this {self._NOUN} holds {self._describe()}"
-                )
-        return _from_buffer(item)
 
     def _records(self, items) -> np.ndarray:
         self._check_array(items, "put_many's items")
         return np.ascontiguousarray(items)
-
-    def _check_out(self, out, max_items: int) -> None:
-        self._check_array(out, "out")
-        if len(out) < max_items:
-            raise ValueError(f"out has {len(out)} rows, fewer than {self._ROWS}={max_items}")
-        if not (out.flags.c_contiguous and out.flags.writeable):
-            raise ValueError("out must be C-contiguous and writeable")
-
-    def _check_array(self, array, what: str) -> None:
-        if not isinstance(array, np.ndarray):
-            raise TypeError(
-                f"{what} must be a numpy array of {self._describe()}, got "
-                f"{type(array).__name__}; build one with np.asarray(..., dtype={self._NOUN}.dtype)"
-            )
-        if array.dtype != self._base or array.shape[1:] != self._item_shape or \
-                array.ndim != 1 + len(self._item_shape):
-            raise TypeError(
-                f"{what} has dtype {array.dtype} and shape {array.shape}; it must be an "
-                f"array of n {self._describe()}"
-            )
-
-    def _describe(self) -> str:
-        if self._item_shape:
-            return f"items of shape {self._item_shape} and dtype {self._base}"
-        return f"items of dtype {self._dtype}"
-
-
-def _check_dtype(dtype: np.dtype) -> None:
-    if dtype.hasobject:
-        raise TypeError(
-            f"dtype {dtype} holds Python objects, which cannot live in shared memory; "
-            "use fixed-size fields (numbers, bools, fixed-length bytes)"
-        )
-    if dtype.itemsize == 0:
-        raise ValueError(f"dtype {dtype} has size 0; records must hold at least one byte")
-    if dtype.itemsize > MAX_RECORD_BYTES:
-        raise ValueError(
-            f"a record of dtype {dtype} takes {dtype.itemsize} bytes, more than the limit of "
-            f"{MAX_RECORD_BYTES} ({MAX_RECORD_BYTES >> 20} MiB); put the large part elsewhere "
-            "in shared memory and queue an index to it"
-        )
-

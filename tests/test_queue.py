@@ -316,7 +316,7 @@ def test_a_timeout_takes_the_fast_path_while_there_is_room_or_an_item(monkeypatc
         raise AssertionError("waited or worked out a deadline while it could move at once")
 
     q = ArrayQueue(4, "i8")
-    monkeypatch.setattr(replay.queue, "_deadline", must_not_run)
+    monkeypatch.setattr(replay.queue, "deadline_of", must_not_run)
     monkeypatch.setattr(ArrayQueue, "_move", must_not_run)
     q.put(1, timeout=30)
     assert q.put_many(np.array([2, 3]), timeout=30) == 2
