@@ -2,7 +2,8 @@
 lock-free (Hogwild) updates to the shared model.
 
 `compute_loss` is a pure function of a model and a batch; `run_learner` is the thread
-loop around it.
+loop around it: a `BatchSource` gets the next batch (fresh, or replayed), an `Updater`
+trains on it.
 """
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import copy
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from typing import NamedTuple
 
@@ -23,8 +25,8 @@ from .config import Config
 from .model import WeightCopy
 from .optim import SharedOptimizer
 
-__all__ = ["Batch", "Loss", "LossStats", "LearnerStep", "batch_from_fragments", "compute_loss",
-           "replay_buffer", "run_learner"]
+__all__ = ["Batch", "BatchSource", "Loss", "LossStats", "LearnerStep", "Updater",
+           "batch_from_fragments", "compute_loss", "replay_buffer", "run_learner", "statistics_lock"]
 
 
 class Batch(NamedTuple):
@@ -140,87 +142,131 @@ class LearnerStep(NamedTuple):
     replayed: bool  # the batch came from the replay buffer, not the queue
 
 
-def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                fragments: ArrayQueue, counters: Counters, stats: deque,
-                stop: threading.Event, replay: ReplayBuffer | None = None,
-                lock: threading.Lock | None = None) -> None:
-    """Update the shared model from batches until `stop` is set or the queue closes.
+def statistics_lock(shared: torch.nn.Module) -> threading.Lock:
+    """The lock that serialises updates of `shared`'s running statistics (observation
+    normalizer, PopArt): one per shared model, so that every learner thread of the model
+    takes the same one, however it was started."""
+    with _LOCKS_GUARD:
+        return _STATISTICS_LOCKS.setdefault(shared, threading.Lock())
 
-    Each learner computes gradients on its own copy of the model, refreshed from the
-    shared parameters before every step, and hands them to the shared optimizer. A
-    fresh batch (from the queue) gets `learners.epochs` steps, updates the running
-    statistics and goes into `replay`; while no fresh batch is ready, the learner trains
-    on replayed ones as far as the buffer's sample-to-insert limit allows, instead of
-    waiting. `lock` serialises the statistics updates of several learner threads."""
-    device = torch.device(cfg.learners.device)
-    local = copy.deepcopy(shared).to(device)
-    copy_weights = WeightCopy(local, shared)
-    local_params = [p for p in local.parameters() if p.requires_grad]
-    shared_params = [p for p in shared.parameters() if p.requires_grad]
-    obs_norm, popart = getattr(shared, "obs_norm", None), getattr(shared, "popart", None)
-    lock = lock or threading.Lock()
-    B = cfg.learners.batch_size
-    fresh = np.empty(B, fragments.dtype)
-    replayed = np.empty(B, fragments.dtype)
-    rng = np.random.default_rng()  # this thread's draws: a buffer handle's own are not for threads
-    n = 0  # fragments of the fresh batch being filled; kept across timeouts
-    while not stop.is_set():
+
+_STATISTICS_LOCKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+class BatchSource:
+    """Where a learner's next batch comes from: the fresh fragments of the queue, or,
+    while fewer than a batch are there, replayed ones as far as the buffer's
+    sample-to-insert limit allows (`replay` None: wait for the queue). A fresh batch is
+    filled across calls: fragments taken before a timeout are kept."""
+
+    def __init__(self, cfg: Config, fragments: ArrayQueue, replay: ReplayBuffer | None,
+                 counters: Counters):
+        self.fragments, self.replay, self.counters = fragments, replay, counters
+        B = cfg.learners.batch_size
+        self.fresh = np.empty(B, fragments.dtype)
+        self.replayed = np.empty(B, fragments.dtype)
+        self.filled = 0  # fragments of the fresh batch so far
+        self.rng = np.random.default_rng()  # this thread's draws: a handle's own are not for threads
+
+    def next(self) -> tuple[np.ndarray, bool] | None:
+        """(records, is_fresh), or None when nothing came within a short wait (look at
+        `stop` again). Raises Closed once the queue is closed. A fresh batch goes into
+        the replay buffer."""
+        B, fresh = len(self.fresh), self.fresh
         waited_from = time.perf_counter()
         try:
-            while n < B:  # get_many returns 1..B; take what is there without waiting
-                n += len(fragments.get_many(B - n, block=False, out=fresh[n:]))
+            while self.filled < B:  # get_many returns 1..B; take what is there without waiting
+                self.filled += len(self.fragments.get_many(B - self.filled, block=False,
+                                                           out=fresh[self.filled:]))
         except queue.Empty:
-            if replay is None or not _sample(replay, replayed, rng):
+            if self.replay is None or not _sample(self.replay, self.replayed, self.rng):
                 try:  # nothing to replay either: wait for the actors
-                    n += len(fragments.get_many(B - n, timeout=0.2, out=fresh[n:]))
+                    self.filled += len(self.fragments.get_many(B - self.filled, timeout=0.2,
+                                                               out=fresh[self.filled:]))
                 except queue.Empty:
-                    pass  # look at `stop` again
-                except Closed:
-                    return
-                counters.add("learner_queue_s", time.perf_counter() - waited_from)
-                continue
-        except Closed:
-            return
-        is_fresh = n == B
-        records = fresh if is_fresh else replayed
-        if is_fresh:
-            n = 0
-            counters.add("queue_gets", B)
-            if replay is not None:
-                replay.add_many(fresh)
-        else:
-            counters.add("replayed", B)
+                    pass
+                self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
+                return None
+            self.counters.add("replayed", B)
+            self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
+            return self.replayed, False
+        self.filled = 0
+        self.counters.add("queue_gets", B)
+        self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
+        if self.replay is not None:
+            self.replay.add_many(fresh)
+        return fresh, True
+
+
+class Updater:
+    """Trains the shared model on batches: `learners.epochs` passes in
+    `learners.minibatches` parts, each a gradient step computed on this learner's copy
+    of the model (refreshed from the shared parameters first) and handed to the shared
+    optimizer. A fresh batch also updates the running statistics, under the model's
+    statistics lock."""
+
+    def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
+                 counters: Counters, stats: deque):
+        self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
+        self.device = torch.device(cfg.learners.device)
+        self.local = copy.deepcopy(shared).to(self.device)
+        self.copy_weights = WeightCopy(self.local, shared)
+        self.local_params = [p for p in self.local.parameters() if p.requires_grad]
+        self.shared_params = [p for p in shared.parameters() if p.requires_grad]
+        self.obs_norm = getattr(shared, "obs_norm", None)
+        self.popart = getattr(shared, "popart", None)
+        self.lock = statistics_lock(shared)
+
+    def train(self, records: np.ndarray, is_fresh: bool) -> None:
+        cfg, counters, local = self.cfg, self.counters, self.local
         started = time.perf_counter()
-        counters.add("learner_queue_s", started - waited_from)
-        batch = batch_from_fragments(records, device)
-        if is_fresh and obs_norm is not None:
-            with lock:
-                obs_norm.update(batch.obs)
+        batch = batch_from_fragments(records, self.device)
+        if is_fresh and self.obs_norm is not None:
+            with self.lock:
+                self.obs_norm.update(batch.obs)
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):
-                copy_weights()
+                self.copy_weights()
                 version = counters["policy_version"]
                 loss, loss_stats, targets = compute_loss(local, part, cfg)
                 if not torch.isfinite(loss):
                     counters.add("nonfinite_losses")
                     continue
-                for p in local_params:
+                for p in self.local_params:
                     p.grad = None
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(local_params, cfg.learners.max_grad_norm)
+                torch.nn.utils.clip_grad_norm_(self.local_params, cfg.learners.max_grad_norm)
                 grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
-                         for p, sp in zip(local_params, shared_params)]
-                optimizer.lr = _learning_rate(cfg, counters["env_steps"])
-                optimizer.step(grads)
-                if epoch == 0 and is_fresh and popart is not None:
-                    with lock:  # after the step, which was taken at the old statistics
-                        popart.update(targets)
+                         for p, sp in zip(self.local_params, self.shared_params)]
+                self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
+                self.optimizer.step(grads)
+                if epoch == 0 and is_fresh and self.popart is not None:
+                    with self.lock:  # after the step, which was taken at the old statistics
+                        self.popart.update(targets)
                 counters.add("updates")
                 counters.add("policy_version")
                 lag = version - part.version  # learner version minus the version that acted
-                stats.append(LearnerStep(loss_stats, float(lag.float().mean()), int(lag.max()),
-                                         optimizer.lr, not is_fresh))
+                self.stats.append(LearnerStep(loss_stats, float(lag.float().mean()), int(lag.max()),
+                                              self.optimizer.lr, not is_fresh))
         counters.add("learner_update_s", time.perf_counter() - started)
+
+
+def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
+                fragments: ArrayQueue, counters: Counters, stats: deque,
+                stop: threading.Event, replay: ReplayBuffer | None = None) -> None:
+    """Update the shared model from batches until `stop` is set or the queue closes: the
+    thread loop of a `BatchSource` feeding an `Updater`. Several learner threads of one
+    model share its statistics lock (`statistics_lock`)."""
+    source = BatchSource(cfg, fragments, replay, counters)
+    updater = Updater(cfg, shared, optimizer, counters, stats)
+    while not stop.is_set():
+        try:
+            got = source.next()
+        except Closed:
+            return
+        if got is not None:
+            updater.train(*got)
 
 
 def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:

@@ -124,10 +124,10 @@ class Trainer:
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
         self.replay = replay_buffer(cfg, dtype)
         learner_stats: deque = deque(maxlen=10_000)
-        stop, lock = threading.Event(), threading.Lock()
+        stop = threading.Event()
         learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
                                      args=(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, learner_stats, stop, self.replay, lock))
+                                           self.counters, learner_stats, stop, self.replay))
                     for i in range(cfg.learners.num)]
         sink = monitor = None
         try:

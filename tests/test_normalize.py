@@ -1,6 +1,7 @@
 """Running statistics: observation normalisation merged batch by batch, and PopArt's
 value normalisation, each against a slow reference."""
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ from gymnasium import spaces
 
 from a3c.model import build_model
 from a3c.normalize import ObservationNorm, PopArt, merge_moments
+from waiting import wait_until
 
 
 def test_statistics_merged_batch_by_batch_equal_those_of_all_samples_at_once():
@@ -132,3 +134,52 @@ def test_normalizer_statistics_are_in_the_state_dict():
     keys = set(model.state_dict())
     assert {"obs_norm.mean", "obs_norm.var", "obs_norm.count", "value_head.first",
             "value_head.second", "value_head.debias"} <= keys
+
+
+def test_learner_threads_of_one_model_update_its_statistics_one_at_a_time(monkeypatch):
+    """run_learner takes the model's statistics lock however it is started: an update
+    that pauses midway (as a thread switch could) never overlaps another learner's."""
+    from collections import deque
+
+    from a3c.actor import fragment_dtype
+    from a3c.config import load_config
+    from a3c.learner import run_learner
+    from a3c.optim import SharedAdam
+    from a3c.runner import COUNTERS, TIMERS
+    from replay import ArrayQueue, Counters
+
+    obs_space, action_space = spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(2)
+    model = build_model(obs_space, action_space, normalize_obs=True, normalize_value=True)
+    model.share_memory()
+    cfg = load_config({"learners": {"batch_size": 2, "epochs": 1, "minibatches": 1}})
+    inside, overlaps, updates = [], [], []
+    original = ObservationNorm.update
+
+    def pausing_update(self, obs):
+        overlaps.append(len(inside))
+        inside.append(1)
+        time.sleep(0.005)  # lets another learner thread run here
+        original(self, obs)
+        inside.pop()
+        updates.append(len(obs))
+
+    monkeypatch.setattr(ObservationNorm, "update", pausing_update)
+    fragments = ArrayQueue(64, fragment_dtype(obs_space, action_space, 3))
+    counters, stop = Counters(COUNTERS, TIMERS), threading.Event()
+    threads = [threading.Thread(target=run_learner,
+                                args=(cfg, model, SharedAdam(model.parameters(), 1e-3), fragments,
+                                      counters, deque(), stop))
+               for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    batch = np.zeros(24, fragments.dtype)
+    batch["obs"] = np.random.default_rng(0).uniform(-1, 1, batch["obs"].shape)
+    fragments.put_many(batch)
+    wait_until(lambda: len(updates) == 12, what="12 statistics updates")
+    stop.set()
+    fragments.close()
+    for thread in threads:
+        thread.join(10)
+    counters.close()
+    assert overlaps == [0] * 12
+    assert int(model.obs_norm.count) == 24 * 3
