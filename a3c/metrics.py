@@ -140,7 +140,6 @@ class Monitor(threading.Thread):
         scalar("queue/full_waits", queue_stats["full_waits"], step)
         scalar("queue/empty_waits", queue_stats["empty_waits"], step)
         scalar("queue/skipped", queue_stats["skipped"], step)
-        scalar("queue/lost", queue_stats["lost"], step)  # taken by a learner that died mid-get
         scalar("queue/episodes_dropped", counts["episodes_dropped"], step)
         for name in self.counters.names:
             if name.endswith("_s"):  # seconds summed over workers -> cores busy on that part
