@@ -1,8 +1,11 @@
-"""Checks shared by every test module."""
+"""Checks shared by every test module, and the helpers several modules use (imported
+with `from conftest import ...`, as `waiting` is)."""
 import gc
 import os
 import signal
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 
@@ -16,10 +19,17 @@ def programs_under_test_take_ctrl_c():
     yield
 
 
+# ------------------------------------------------------------------------ shared memory
 def own_segments() -> set[str]:
     """This process's queue and counter segments in /dev/shm (named rq-<pid>-<hex>)."""
     prefix = f"rq-{os.getpid()}-"
     return {name for name in os.listdir("/dev/shm") if name.startswith(prefix)}
+
+
+def segments_of(pids) -> list[str]:
+    """The /dev/shm segments made by any of `pids` (named rq-<creator pid>-<hex>)."""
+    prefixes = tuple(f"rq-{pid}-" for pid in pids)
+    return sorted(name for name in os.listdir("/dev/shm") if prefixes and name.startswith(prefixes))
 
 
 @pytest.fixture(autouse=True)
@@ -30,3 +40,72 @@ def no_shared_memory_left():
     gc.collect()
     left = own_segments() - before
     assert not left, f"shared memory left behind: {sorted(left)}"
+
+
+# ---------------------------------------------------------------------------- processes
+def _stat(pid) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after the command name (state, ppid, ...), or None
+    once the process is gone."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+
+
+def running(pid) -> bool:
+    """True while `pid` exists and is not a zombie (a zombie has exited; only its parent's
+    wait is missing, which for an orphan is up to whoever adopted it)."""
+    fields = _stat(pid)
+    return fields is not None and fields[0] != "Z"
+
+
+def children(pid) -> list[int]:
+    """Pids whose parent is `pid`, read from /proc."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(entry)
+            if fields is not None and int(fields[1]) == pid:
+                out.append(int(entry))
+    return out
+
+
+def descendants(pid) -> list[int]:
+    """Children of `pid`, their children, and so on."""
+    found, todo = [], [pid]
+    while todo:
+        kids = children(todo.pop())
+        found += kids
+        todo += kids
+    return found
+
+
+@pytest.fixture(scope="module")
+def stop_the_fork_server():
+    """Actor processes come from multiprocessing's fork server; stop it when the module is
+    done so that no child of the test process remains. Use it with
+    `pytestmark = pytest.mark.usefixtures("stop_the_fork_server")`."""
+    yield
+    from multiprocessing import forkserver
+
+    stop = getattr(forkserver._forkserver, "_stop", None)
+    if stop is not None:
+        stop()
+
+
+# ------------------------------------------------------------------------ replay buffers
+VALUE = np.dtype([("v", "i8")])
+
+
+def values(start, stop) -> np.ndarray:
+    """Records of VALUE holding start, start + 1, ..., stop - 1."""
+    items = np.zeros(stop - start, VALUE)
+    items["v"] = np.arange(start, stop)
+    return items
+
+
+def chi_square_limit(df) -> float:
+    """The 99.9 % quantile of chi-square with df degrees of freedom (Wilson-Hilferty)."""
+    z = 3.090
+    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import running, segments_of
+
 pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
 
@@ -28,10 +30,9 @@ def processes_running(marker: str) -> list[int]:
         if entry.isdigit():
             try:
                 cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-                state = Path(f"/proc/{entry}/stat").read_text().split(") ", 1)[1][0]
-            except (OSError, IndexError):
+            except OSError:
                 continue
-            if marker in cmdline and state != "Z":
+            if marker in cmdline and running(entry):
                 pids.append(int(entry))
     return pids
 
@@ -70,7 +71,7 @@ def test_ctrl_c_leaves_no_process_or_shared_memory():
     while processes_running(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert processes_running(marker) == []
-    assert [n for n in os.listdir("/dev/shm") if n.startswith(f"rq-{proc.pid}-")] == []
+    assert segments_of([proc.pid]) == []
 
 
 @pytest.mark.slow

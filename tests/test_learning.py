@@ -10,21 +10,12 @@ import pytest
 from a3c import A3C
 from a3c.metrics import MemorySink
 
+pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # actors come from the fork server
+
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 100
 # config (read at test time: the config is the thing tested), threshold
 TASKS = {"cartpole": 475.0, "acrobot": -100.0, "pendulum": -250.0}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def stop_the_fork_server():
-    """Actor processes come from multiprocessing's fork server; stop it afterwards."""
-    yield
-    from multiprocessing import forkserver
-
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is not None:
-        stop()
 
 
 def means(episodes):

@@ -15,20 +15,10 @@ import pytest
 import replay
 from replay import PrioritizedReplayBuffer, PrioritizedSample
 
-VALUE = np.dtype([("v", "i8")])
+from conftest import VALUE, chi_square_limit, values
+
 JOIN_S = 30.0
 TREE_TOLERANCE = 1e-9
-
-
-def values(start, stop):
-    items = np.zeros(stop - start, VALUE)
-    items["v"] = np.arange(start, stop)
-    return items
-
-
-def chi_square_limit(df):
-    """The 99.9 % quantile of chi-square with df degrees of freedom (Wilson-Hilferty)."""
-    return df * (1 - 2 / (9 * df) + 3.090 * np.sqrt(2 / (9 * df))) ** 3
 
 
 def assert_tree_consistent(buf):

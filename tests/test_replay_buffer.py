@@ -17,21 +17,10 @@ import pytest
 import replay
 from replay import ReplayBuffer
 
+from conftest import VALUE, chi_square_limit, values
+
 TRANSITION = np.dtype([("obs", "f4", (4,)), ("action", "i8"), ("reward", "f4"), ("done", "?")])
-VALUE = np.dtype([("v", "i8")])
 JOIN_S = 30.0
-
-
-def values(start, stop):
-    items = np.zeros(stop - start, VALUE)
-    items["v"] = np.arange(start, stop)
-    return items
-
-
-def chi_square_limit(df):
-    """The 99.9 % quantile of chi-square with df degrees of freedom (Wilson-Hilferty)."""
-    z = 3.090
-    return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
 
 
 # ---- positions, counts, order -------------------------------------------------------

@@ -7,7 +7,6 @@ are named rq-<its pid>-<hex>; afterwards none may be left, except after SIGKILL,
 `remove_stale_segments()` (which every new queue calls) must remove them.
 """
 import base64
-import os
 import pickle
 import queue
 import signal
@@ -20,6 +19,8 @@ from pathlib import Path
 
 import replay
 from replay import ArrayQueue, Counters
+
+from conftest import running
 
 SHM = Path("/dev/shm")
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,17 +206,9 @@ def test_sigint_while_a_consumer_is_blocked_in_get_leaves_no_segments(tmp_path):
     assert not s.segments() & rq_entries()
     # The daemon worker blocked in get was stopped with its program, not left behind.
     deadline = time.monotonic() + WAIT_S
-    while _alive(waiter_pid):
+    while running(waiter_pid):
         assert time.monotonic() < deadline, "the blocked worker outlived its program"
         time.sleep(0.01)
-
-
-def _alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def _killed_scenario(tmp_path):
