@@ -1,5 +1,7 @@
 """The command line end to end: a tiny training run and its run folder, resuming, evaluating,
-one-line errors, Ctrl-C, and the restart of a killed actor process."""
+one-line errors, Ctrl-C and SIGTERM, and the restart of a killed actor process."""
+import fnmatch
+import functools
 import glob
 import multiprocessing as mp
 import os
@@ -8,17 +10,25 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import yaml
 
+from a3c import A3C as Agent
 from a3c.config import load_config
+from a3c.files import write_atomically
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
+
+from conftest import descendants, running, segments_of
+
+pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
@@ -44,7 +54,7 @@ def a3c(*args, timeout=120):
         except subprocess.TimeoutExpired:
             proc.kill()
             raise
-    assert segments([proc.pid]) == [], stderr
+    assert segments_of([proc.pid]) == [], stderr
     return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
 
 
@@ -70,52 +80,25 @@ def assert_one_line_error(result, *fragments):
         assert fragment in lines[0]
 
 
-def children(pid):
-    """Pids whose parent is `pid`, read from /proc."""
-    out = []
-    for stat in glob.glob("/proc/[0-9]*/stat"):
-        try:
-            text = Path(stat).read_text()
-        except OSError:
-            continue
-        fields = text.rsplit(")", 1)[1].split()
-        if int(fields[1]) == pid:
-            out.append(int(stat.split("/")[2]))
-    return out
+@functools.cache
+def temporary_file_pattern(name):
+    """The shell pattern of the temporary files `write_atomically` makes for a file called
+    `name`, read off the writer itself: the parts that stay the same over several writes."""
+    seen = []
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(8):  # eight random parts agree on a first or last character by chance
+            write_atomically(Path(folder) / name,  # about once in 36**7 tries
+                             lambda file: seen.extend(n for n in os.listdir(folder) if n != name))
+    head = os.path.commonprefix(seen)
+    tail = os.path.commonprefix([n[::-1] for n in seen])[::-1]
+    assert len(set(seen)) == 8 and len(head) + len(tail) < min(map(len, seen)), seen
+    return glob.escape(head) + "*" + glob.escape(tail)
 
 
-def descendants(pid):
-    found, todo = [], [pid]
-    while todo:
-        kids = children(todo.pop())
-        found += kids
-        todo += kids
-    return found
-
-
-def running(pid):
-    """True while `pid` exists and is not a zombie."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
-def segments(pids):
-    return [p for pid in pids for p in glob.glob(f"/dev/shm/rq-{pid}-*")]
-
-
-@pytest.fixture(scope="module", autouse=True)
-def stop_the_fork_server():
-    """The in-process trainer starts actor processes from multiprocessing's fork server;
-    stop it when the module is done so that no child of the test process remains."""
-    yield
-    from multiprocessing import forkserver
-
-    stop = getattr(forkserver._forkserver, "_stop", None)
-    if stop is not None:
-        stop()
+def leftover_temporary_files(run_dir):
+    """Temporary files of the checkpoint and config writes still in `run_dir`."""
+    patterns = [temporary_file_pattern(name) for name in ("checkpoint.pt", "config.yaml")]
+    return [n for n in os.listdir(run_dir) if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +123,7 @@ def test_train_writes_config_checkpoint_and_tensorboard_events(trained):
     state = counters(run_dir)
     assert state["env_steps"] >= 3000 and state["updates"] > 0 and state["episodes"] > 0
     assert glob.glob(str(run_dir / "events.out.tfevents.*"))
+    assert not leftover_temporary_files(run_dir)
 
 
 def test_tensorboard_events_hold_every_chart_and_the_config_text(trained):
@@ -285,28 +269,47 @@ def test_eval_of_a_folder_without_checkpoint_is_a_one_line_error(tmp_path):
     assert_one_line_error(a3c("eval", tmp_path, "--episodes", "1"), "no checkpoint at")
 
 
-# ------------------------------------------------------------------------------------ Ctrl-C
-def test_ctrl_c_stops_the_run_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path):
-    proc = subprocess.Popen(
+# --------------------------------------------------------------------------- Ctrl-C, SIGTERM
+STOP_S = 30  # a stopped run writes its checkpoint and is gone within this
+
+
+def start_a_long_run(run_root):
+    """A process-mode run with a budget of hours, in a process group of its own, that
+    writes a checkpoint every 0.5 s."""
+    return subprocess.Popen(
         [*A3C, "train", str(CONFIG), *TINY, "actors.mode=process", "total_timesteps=100000000",
-         "checkpoint.interval_s=0.5", f"logging.run_root={tmp_path}"],
+         "checkpoint.interval_s=0.5", f"logging.run_root={run_root}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_until_it_trains(proc, run_root):
+    """The run folder, once a periodic checkpoint there counts env steps."""
+    deadline = time.monotonic() + 60
+    while True:
+        assert proc.poll() is None, proc.communicate()[1]
+        assert time.monotonic() < deadline, "training did not start"
+        dirs = [p for p in Path(run_root).iterdir() if (p / "checkpoint.pt").exists()]
+        if dirs and counters(dirs[0])["env_steps"] > 0:
+            return dirs[0]
+        time.sleep(0.1)
+
+
+def stop_a_long_run(run_root, send):
+    """Start a long run, wait until it trains, stop it with `send(proc)`; return the run
+    folder, the run's stderr, its workers' pids, when it was stopped and how long it took."""
+    proc = start_a_long_run(run_root)
     try:
-        # Training has started once a periodic checkpoint counts env steps.
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, proc.communicate()[1]
-            assert time.monotonic() < deadline, "training did not start"
-            dirs = [p for p in tmp_path.iterdir() if (p / "checkpoint.pt").exists()]
-            if dirs and counters(dirs[0])["env_steps"] > 0:
-                break
-            time.sleep(0.1)
-        run_dir = dirs[0]
+        run_dir = wait_until_it_trains(proc, run_root)
         workers = descendants(proc.pid)
         assert len(workers) >= 2  # the actor processes (and multiprocessing's fork server)
-        interrupted_at = time.time()
-        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C reaches the whole process group
-        _, stderr = proc.communicate(timeout=60)
+        stopped_at, started = time.time(), time.monotonic()
+        send(proc)
+        try:
+            _, stderr = proc.communicate(timeout=STOP_S)
+        except subprocess.TimeoutExpired:  # it still runs, or a process it left holds its output
+            raise AssertionError(f"the run did not stop within {STOP_S} s (exit code "
+                                 f"{proc.poll()}); running: {[p for p in workers if running(p)]}") from None
+        took = time.monotonic() - started
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -314,14 +317,50 @@ def test_ctrl_c_stops_the_run_writes_a_checkpoint_and_leaves_nothing_behind(tmp_
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert f"interrupted; checkpoint written to {run_dir / 'checkpoint.pt'}" in stderr
-    assert (run_dir / "checkpoint.pt").stat().st_mtime >= interrupted_at
-    assert counters(run_dir)["env_steps"] > 0
+    assert_nothing_left(proc, workers, run_dir)
+    return run_dir, stopped_at, took
+
+
+def assert_nothing_left(proc, workers, run_dir):
+    """No process of the run still runs, none of its shared memory and no temporary file
+    of a checkpoint or config write remains."""
     deadline = time.monotonic() + 10  # orphans are reaped by init
     while any(running(pid) for pid in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in workers if running(pid)]
-    assert segments([proc.pid, *workers]) == []
-    assert not list(run_dir.glob(".checkpoint.pt.tmp-*"))
+    assert segments_of([proc.pid, *workers]) == []
+    assert not leftover_temporary_files(run_dir)
+
+
+def test_ctrl_c_stops_the_run_writes_a_checkpoint_and_leaves_nothing_behind(tmp_path):
+    run_dir, stopped_at, _ = stop_a_long_run(  # Ctrl-C reaches the whole process group
+        tmp_path, lambda proc: os.killpg(proc.pid, signal.SIGINT))
+    assert (run_dir / "checkpoint.pt").stat().st_mtime >= stopped_at
+    assert counters(run_dir)["env_steps"] > 0
+
+
+def test_sigterm_to_the_trainer_alone_stops_the_run_promptly_with_a_checkpoint_that_loads(tmp_path):
+    """What `kill`, a job scheduler or `docker stop` sends: SIGTERM to the trainer, not to
+    its workers, which must still all go."""
+    run_dir, stopped_at, took = stop_a_long_run(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM))
+    assert took < STOP_S / 2, f"the run took {took:.1f} s to stop"
+    assert (run_dir / "checkpoint.pt").stat().st_mtime >= stopped_at
+    agent = Agent.load(run_dir)
+    assert agent.num_timesteps > 0
+    action, _ = agent.predict(np.zeros(4, np.float32))
+    assert action in (0, 1)
+
+
+def test_a_write_cut_short_leaves_a_temporary_file_that_the_leftover_check_finds(tmp_path):
+    """The check above would see a leftover: a process that dies inside `write_atomically`
+    leaves its temporary file, and nothing else, next to where the file would go."""
+    code = ("import os, sys; from a3c.files import write_atomically; "
+            "write_atomically(sys.argv[1], lambda file: (file.write(b'half'), os._exit(0)))")
+    for name in ("checkpoint.pt", "config.yaml"):
+        subprocess.run([sys.executable, "-c", code, str(tmp_path / name)], cwd=ROOT, check=True,
+                       timeout=60)
+    assert len(os.listdir(tmp_path)) == 2 and not (tmp_path / "checkpoint.pt").exists()
+    assert sorted(leftover_temporary_files(tmp_path)) == sorted(os.listdir(tmp_path))
 
 
 # ------------------------------------------------------------------------- a killed actor
