@@ -9,8 +9,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -121,18 +123,30 @@ def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
              deterministic: bool = True) -> np.ndarray:
     """Returns of `episodes` episodes played by the greedy (or sampled) policy."""
     env = make_env(cfg.env)
-    returns = []
     try:
-        for episode in range(episodes):
-            obs, _ = env.reset(seed=seed + episode)
-            total, done = 0.0, False
-            while not done:
-                action, _, _ = model.act(torch.from_numpy(np.asarray(obs)[None]), deterministic)
-                action = action.numpy()[0]
-                obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
-                total += float(reward)
-                done = terminated or truncated
-            returns.append(total)
+        return play(model, env, episodes, seed, deterministic)
     finally:
         env.close()
+
+
+def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
+         deterministic: bool = True, on_state: Callable[[gym.Env], None] | None = None) -> np.ndarray:
+    """The episode loop of `evaluate` (and of `a3c.video`): returns of `episodes` episodes,
+    the i-th reset with `seed + i`. `on_state(env)` is called after every reset and every
+    step, e.g. to render a frame."""
+    returns = []
+    for episode in range(episodes):
+        obs, _ = env.reset(seed=seed + episode)
+        total, done = 0.0, False
+        if on_state is not None:
+            on_state(env)
+        while not done:
+            action, _, _ = model.act(torch.from_numpy(np.asarray(obs)[None]), deterministic)
+            action = action.numpy()[0]
+            obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
+            total += float(reward)
+            done = terminated or truncated
+            if on_state is not None:
+                on_state(env)
+        returns.append(total)
     return np.asarray(returns)

@@ -1,15 +1,16 @@
 """Command line: `a3c train CONFIG [key=value ...]`, `a3c train --resume RUN_DIR`,
-`a3c eval RUN_DIR --episodes N`."""
+`a3c eval RUN_DIR --episodes N [--video out.mp4]`."""
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
 
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
-           "tqdm": "train", "ale_py": "atari", "cv2": "atari"}
+           "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -24,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--episodes", type=int, default=10)
     evaluate.add_argument("--seed", type=int, default=0)
     evaluate.add_argument("--stochastic", action="store_true", help="sample instead of the greedy action")
+    evaluate.add_argument("--video", metavar="FILE.mp4",
+                          help="also record the episodes to an MP4 file (needs the 'video' extra)")
     return parser
 
 
@@ -67,10 +70,20 @@ def _train(args) -> None:
 
 def _eval(args) -> None:
     from .api import A3C, evaluate
+    from .video import record_video
 
     agent = A3C.load(args.run_dir)
-    returns = evaluate(agent.model, agent.config, args.episodes, args.seed,
-                       deterministic=not args.stochastic)
+    if args.video:
+        # rgb_array frames are drawn off screen; SDL's dummy display keeps pygame (the
+        # classic-control tasks) from probing for a real one, which prints an "error:" line
+        # on a machine without one.
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+        returns = record_video(agent.model, agent.config, args.video, args.episodes, args.seed,
+                               deterministic=not args.stochastic)
+        print(f"video written to {args.video}", file=sys.stderr)
+    else:
+        returns = evaluate(agent.model, agent.config, args.episodes, args.seed,
+                           deterministic=not args.stochastic)
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 
@@ -83,10 +96,11 @@ def main(argv: list[str] | None = None) -> None:
         from .checkpoint import CheckpointError
         from .config import ConfigError
         from .envs import EnvError
+        from .video import VideoError
 
         try:
             {"train": _train, "eval": _eval}[args.command](args)
-        except (ConfigError, CheckpointError, EnvError) as error:
+        except (ConfigError, CheckpointError, EnvError, VideoError) as error:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
     except ModuleNotFoundError as error:

@@ -1,0 +1,96 @@
+"""Videos of a policy playing (`a3c eval RUN --video out.mp4`), as RL Zoo's `record_video`.
+
+The episodes are those `evaluate` plays, through the same loop (`api.play`); each frame
+is rendered by the environment (`render_mode="rgb_array"`) and encoded with PyAV as it
+comes, into H.264 in an MP4 file. PyAV is the `video` extra: `pip install -e ".[video]"`.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from fractions import Fraction
+from pathlib import Path
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from .api import play
+from .config import Config
+from .envs import make_env
+from .files import write_atomically
+
+__all__ = ["VideoError", "record_video"]
+
+
+class VideoError(RuntimeError):
+    """The video cannot be recorded: a file name it cannot write, or an environment that
+    cannot render frames."""
+
+
+def record_video(model: torch.nn.Module, cfg: Config, path: str | os.PathLike, episodes: int = 1,
+                 seed: int = 0, deterministic: bool = True) -> np.ndarray:
+    """Play `episodes` episodes as `evaluate` does, write them one after the other to the
+    MP4 file `path`, at the environment's `render_fps` (30 if it has none), and return
+    their returns. The file appears under its name only once it is complete."""
+    path = Path(path)
+    if path.suffix.lower() != ".mp4":
+        raise VideoError(f"--video {path}: the video is written as MP4; give a name ending in .mp4")
+    import av  # the 'video' extra; imported first, so that its absence is told before any work
+
+    env = _rendering_env(cfg)
+    fps = Fraction(env.metadata.get("render_fps") or 30).limit_denominator(1001)
+    returns = np.empty(0)
+
+    def write(file) -> None:
+        nonlocal returns
+        with av.open(file, mode="w", format="mp4") as container:
+            stream = None
+
+            def add_frame(env: gym.Env) -> None:
+                nonlocal stream
+                frame = _frame(env, cfg)
+                if stream is None:  # the first frame gives the size
+                    stream = container.add_stream("libx264", rate=fps)
+                    stream.height, stream.width = frame.shape[:2]
+                    stream.pix_fmt = "yuv420p"  # what every player decodes
+                container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+
+            returns = play(model, env, episodes, seed, deterministic, on_state=add_frame)
+            if stream is not None:
+                container.mux(stream.encode())  # flush the frames the encoder still holds
+
+    try:
+        write_atomically(path, write)
+    finally:
+        env.close()
+    return returns
+
+
+def _rendering_env(cfg: Config) -> gym.Env:
+    """The config's environment made to render RGB arrays, or a VideoError saying it cannot."""
+    with warnings.catch_warnings():
+        # gymnasium's warning about a render mode the env lacks; the error below says it in one line
+        warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
+        env = make_env(cfg.env, render_mode="rgb_array")
+    if "rgb_array" not in env.metadata.get("render_modes", ()):
+        modes = list(env.metadata.get("render_modes", ()))
+        env.close()
+        raise VideoError(f"env.id {cfg.env.id!r} cannot render rgb_array frames for a video "
+                         f"(its render modes: {modes})")
+    return env
+
+
+def _frame(env: gym.Env, cfg: Config) -> np.ndarray:
+    """The env's current frame as [H, W, 3] uint8 with even H and W (which yuv420p needs)."""
+    try:
+        frame = env.render()
+    except gym.error.DependencyNotInstalled as error:  # e.g. pygame for the classic-control tasks
+        raise VideoError(f"env.id {cfg.env.id!r} cannot render frames: {error}") from None
+    frame = np.asarray(frame) if frame is not None else None
+    if frame is None or frame.ndim != 3 or frame.shape[2] not in (3, 4):
+        shape = None if frame is None else frame.shape
+        raise VideoError(f"env.id {cfg.env.id!r} rendered {shape} in rgb_array mode, "
+                         "not an [H, W, 3] image")
+    height, width = frame.shape[0] // 2 * 2, frame.shape[1] // 2 * 2  # drop an odd last row/column
+    return np.ascontiguousarray(frame[:height, :width, :3], dtype=np.uint8)
