@@ -34,18 +34,19 @@ VICTIMS_PER_ROUND = 3
 MIN_ROUNDS, MAX_ROUNDS = 6, 20
 BUDGET_S = 28.0
 ROUND_TIMEOUT_S = 30.0  # a round whose survivor cannot finish in this time has wedged
+PUT_MAX = 8  # records per put_many: a kill cuts one claim short, of at most this many slots
 
 
 def _producer(q, producer_id, count, counters, seed):
     """Push records (producer_id, 0), (producer_id, 1), ... with put and put_many; stop
     after `count` records, or never (until killed) when count is None."""
     rng = random.Random(seed)
-    batch = np.zeros(8, DTYPE)
+    batch = np.zeros(PUT_MAX, DTYPE)
     batch["producer"] = producer_id
     seq = 0
     name = f"pushed{producer_id}"
     while count is None or seq < count:
-        k = 1 if rng.random() < 0.3 else rng.randint(2, len(batch))
+        k = 1 if rng.random() < 0.3 else rng.randint(2, len(batch))  # at most PUT_MAX
         if count is not None:
             k = min(k, count - seq)
         batch["seq"][:k] = batch["check"][:k] = np.arange(seq, seq + k)
@@ -179,10 +180,15 @@ def test_killed_producers_never_wedge_consumers_and_survivors_arrive_exactly_onc
     for v in victims:
         # A victim dies during at most one claim: what it published before comes out, and
         # the slots of that claim it had not published are skipped. Those are its last
-        # records, so what arrives is a prefix of its records, each once, with no gaps.
+        # records, so what arrives is a prefix of its records, each once, with no gaps...
         assert merged[v].tolist() == list(range(len(merged[v]))), f"victim {v}"
+        # ... that holds every record of a put that returned, and at most one claim more.
+        pushed = counters[f"pushed{v}"]
+        assert pushed <= len(merged[v]) <= pushed + PUT_MAX, (v, pushed, len(merged[v]))
     assert merged[-1].tolist() == list(range(CAPACITY))
-    assert stats["skipped"] >= 0
+    # Only the kills leave slots to skip, at most one claim each; no consumer died.
+    assert stats["skipped"] <= PUT_MAX * len(victims), stats
+    assert stats["lost"] == 0, stats
     print(f"{len(rounds)} rounds, {len(victims)} kills, stats {stats}, "
           f"{time.monotonic() - started:.1f} s")
     assert stats["skipped"] > 0, "no kill landed between a claim and its publication"

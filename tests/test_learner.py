@@ -316,13 +316,15 @@ class LearnerHarness:
         for thread in self.threads:
             thread.start()
 
-    def put(self, n, mark=0.5):
-        """n fragments whose observations are all `mark`."""
+    def put(self, n, mark=0.5, version=0):
+        """n fragments whose observations are all `mark`, acted by policy `version` (an int,
+        or [n, T] per step)."""
         f = fragments(3, n)
         f["obs"][..., 0] = mark
         f["reward"] = 1.0
         f["action"] = 1
         f["logp"] = LOGP[1]
+        f["version"] = version
         self.fragments.put_many(f)
 
     def wait_for(self, name, value, timeout=20.0):
@@ -408,10 +410,27 @@ def test_two_learner_threads_update_one_shared_model_and_optimizer(harnesses):
     assert h.counters["policy_version"] == 2
     assert h.counters["queue_gets"] == 8
     assert any(not torch.equal(p.detach(), p0) for p, p0 in zip(model.parameters(), before))
-    step, _ = h.stats
-    assert step.lr == cfg.optim.lr
-    assert step.lag_max >= 0
-    assert not step.replayed
+    assert all(step.lr == cfg.optim.lr and not step.replayed for step in h.stats)
+    # Every fragment was acted at version 0, so a step's lag is the version it read: 0 for
+    # the first read (no update yet), 0 or 1 for the other.
+    lags = sorted(step.lag_max for step in h.stats)
+    assert lags[0] == 0 and lags[1] in (0, 1)
+    assert all(step.lag_mean == step.lag_max for step in h.stats)
+
+
+def test_policy_lag_is_the_learners_version_minus_the_version_that_acted_each_step(harnesses):
+    """A batch acted by versions 4 to 10 reaches a learner at version 10; its second pass
+    is one update later, so one version more behind."""
+    h = harnesses(config(batch_size=4, epochs=2), FixedModel())
+    h.counters.add("policy_version", 10)
+    acted = np.array([[10, 10, 10], [9, 9, 10], [7, 8, 8], [4, 5, 6]])  # [B, T]
+    h.put(4, version=acted)
+    assert h.wait_for("updates", 2) == 2
+    first, second = h.stats
+    lag = 10 - acted
+    assert (first.lag_max, first.lag_mean) == (lag.max(), lag.mean()) == (6, 2.0)
+    assert (second.lag_max, second.lag_mean) == (lag.max() + 1, lag.mean() + 1)
+    assert h.counters["policy_version"] == 12
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
