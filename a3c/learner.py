@@ -24,15 +24,17 @@ from . import vtrace
 from .config import Config
 from .model import WeightCopy
 from .optim import SharedOptimizer
+from .spaces import Obs, obs_to_torch, tree_map
 
 __all__ = ["Batch", "BatchSource", "Loss", "LossStats", "LearnerStep", "Updater",
            "batch_from_fragments", "compute_loss", "replay_buffer", "run_learner", "statistics_lock"]
 
 
 class Batch(NamedTuple):
-    """A batch of B fragments as [T, B, ...] tensors (bootstrap_obs is [B, ...])."""
+    """A batch of B fragments as [T, B, ...] tensors (bootstrap_obs is [B, ...]). The
+    observations of a Dict or Tuple space are a dict of such tensors, one per leaf."""
 
-    obs: torch.Tensor
+    obs: Obs
     action: torch.Tensor
     reward: torch.Tensor
     logp: torch.Tensor
@@ -40,7 +42,7 @@ class Batch(NamedTuple):
     truncated: torch.Tensor
     trunc_value: torch.Tensor
     version: torch.Tensor
-    bootstrap_obs: torch.Tensor
+    bootstrap_obs: Obs
 
 
 class LossStats(NamedTuple):
@@ -64,7 +66,7 @@ def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cp
         return torch.from_numpy(array).transpose(0, 1).to(device)
 
     return Batch(
-        obs=time_major("obs"),
+        obs=tree_map(lambda x: x.transpose(0, 1), obs_to_torch(fragments["obs"], device)),
         action=time_major("action"),
         reward=time_major("reward"),
         logp=time_major("logp"),
@@ -72,7 +74,7 @@ def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cp
         truncated=time_major("truncated"),
         trunc_value=time_major("trunc_value"),
         version=time_major("version"),
-        bootstrap_obs=torch.from_numpy(np.ascontiguousarray(fragments["last_obs"])).to(device),
+        bootstrap_obs=obs_to_torch(fragments["last_obs"], device),
     )
 
 
@@ -82,7 +84,7 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
     policy mu, whose data may be a few updates old)."""
     T, B = batch.reward.shape
-    obs = batch.obs.reshape(T * B, *batch.obs.shape[2:])
+    obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
     action = batch.action.reshape(T * B, *batch.action.shape[2:])
     logp, entropy, values = (x.reshape(T, B) for x in model.evaluate(obs, action))  # [T, B]
     with torch.no_grad():
@@ -285,7 +287,8 @@ def _minibatches(batch: Batch, n: int) -> list[Batch]:
         return [batch]
     parts = torch.randperm(batch.reward.shape[1]).tensor_split(n)
     # Every field is [T, B, ...] but bootstrap_obs, which is [B, ...].
-    return [Batch(*(x[:, idx] for x in batch[:-1]), batch.bootstrap_obs[idx]) for idx in parts]
+    return [Batch(*(tree_map(lambda t: t[:, idx], field) for field in batch[:-1]),
+                  tree_map(lambda t: t[idx], batch.bootstrap_obs)) for idx in parts]
 
 
 def _sample(replay: ReplayBuffer, out: np.ndarray, rng: np.random.Generator) -> bool:

@@ -31,13 +31,17 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributions import Categorical, Distribution, Independent, Normal
+from torch.distributions import Bernoulli, Categorical, Distribution, Independent, Normal
 
-from .normalize import ObservationNorm, PopArt
+from .normalize import LeafNorms, ObservationNorm, PopArt, _module_name
+from .spaces import Obs, check_action_space, is_composite, leaves
 
-__all__ = ["ActorCritic", "WeightCopy", "build_model"]
+__all__ = ["ActorCritic", "MultiCategorical", "WeightCopy", "build_model", "cnn_arch_for"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+# Images at least this high and wide get the Nature-DQN torso; smaller ones (MinAtar's
+# 10x10 grids) the small one: Nature's 8x8 stride-4 first layer needs 36x36.
+_NATURE_MIN_SIDE = 36
 
 
 def _orthogonal(layer: nn.Module, gain: float) -> nn.Module:
@@ -58,45 +62,163 @@ def _mlp_torso(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> Tup
     return nn.Sequential(*layers), in_dim
 
 
-def _cnn_torso(obs_shape: Sequence[int]) -> Tuple[nn.Module, int]:
-    """Nature-DQN convolutional torso (Mnih et al., 2015) for [C, H, W] images."""
-    convs = nn.Sequential(
-        _orthogonal(nn.Conv2d(obs_shape[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
-        _orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
-        _orthogonal(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
-        nn.Flatten(),
-    )
+def cnn_arch_for(chw: Sequence[int], arch: str = "auto") -> str:
+    """The CNN torso an image of shape [C, H, W] gets: `arch`, or with "auto" the
+    Nature-DQN torso for images of 36x36 and more, the small one below."""
+    if arch != "auto":
+        return arch
+    return "nature" if min(chw[1:]) >= _NATURE_MIN_SIDE else "small"
+
+
+def _cnn_torso(chw: Sequence[int], arch: str = "auto") -> Tuple[nn.Module, int]:
+    """A convolutional torso for [C, H, W] images:
+    - "nature": Mnih et al. 2015 (Nature DQN): 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512;
+    - "small": Young and Tian 2019 (MinAtar): 16 3x3/1, dense 128, for small grids."""
+    arch = cnn_arch_for(chw, arch)
+    if arch == "nature":
+        convs = nn.Sequential(
+            _orthogonal(nn.Conv2d(chw[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            _orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+            _orthogonal(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
+            nn.Flatten(),
+        )
+        out, least = 512, f"{_NATURE_MIN_SIDE}x{_NATURE_MIN_SIDE}"
+    elif arch == "small":
+        convs = nn.Sequential(_orthogonal(nn.Conv2d(chw[0], 16, 3, stride=1), math.sqrt(2)),
+                              nn.ReLU(), nn.Flatten())
+        out, least = 128, "3x3"
+    else:
+        raise ValueError(f"model.cnn_arch must be auto, nature or small, got {arch!r}")
     # Size the dense layer from a dummy forward pass rather than by hand.
     try:
         with torch.no_grad():
-            flat_dim = convs(torch.zeros(1, *obs_shape)).shape[1]
+            flat_dim = convs(torch.zeros(1, *chw)).shape[1]
     except RuntimeError as error:
         raise ValueError(
-            f"observation shape {tuple(obs_shape)} (channels, height, width) is too small for "
-            "the CNN torso, which needs images of at least 36x36; set model.cnn to false for "
-            "the MLP torso"
+            f"observation shape {tuple(chw)} (channels, height, width) is too small for the "
+            f"{arch} CNN torso, which needs images of at least {least}; set model.cnn_arch "
+            "to auto (or small), or model.cnn to false for the MLP torso"
         ) from error
-    return nn.Sequential(convs, _orthogonal(nn.Linear(flat_dim, 512), math.sqrt(2)), nn.ReLU()), 512
+    return nn.Sequential(convs, _orthogonal(nn.Linear(flat_dim, out), math.sqrt(2)), nn.ReLU()), out
+
+
+def _is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+
+
+def _chw(shape: Sequence[int]) -> Tuple[Tuple[int, int, int], bool]:
+    """([C, H, W], channels_last) of a rank-3 image shape. Images are [H, W, C] (rendered
+    frames, CarRacing's 96x96x3, MinAtar's 10x10xC) unless the first axis is the shorter
+    of the two ends, as in a frame stack's [4, 84, 84]."""
+    channels_last = not shape[0] < shape[-1]
+    return ((shape[2], shape[0], shape[1]) if channels_last else tuple(shape)), channels_last
+
+
+def _vector_dim(space: gym.Space) -> int:
+    """The length of a leaf's encoding as a flat vector."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return int(np.prod(space.shape))
+
+
+def _encode(obs: torch.Tensor, space: gym.Space, image: bool) -> torch.Tensor:
+    """A batch of one leaf's raw observations -> float torso input: [N, C, H, W] for an
+    image through a CNN, else [N, D] (Discrete and MultiDiscrete one-hot, bytes scaled to
+    [0, 1], everything else as float)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return F.one_hot(obs.long() - int(space.start), int(space.n)).float()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        shifted = obs.long() - torch.as_tensor(space.start, device=obs.device)
+        return torch.cat([F.one_hot(shifted[:, i], int(n)).float()
+                          for i, n in enumerate(space.nvec)], dim=-1)
+    x = obs.float()
+    if space.dtype == np.uint8:
+        x = x * (1.0 / 255.0)
+    if image:
+        return x.permute(0, 3, 1, 2) if _chw(space.shape)[1] else x
+    return x.flatten(start_dim=1)
+
+
+class MultiInputTorso(nn.Module):
+    """The torso of Dict and Tuple observations, as SB3's MultiInputPolicy builds it: each
+    image leaf through a CNN of its own, the other leaves encoded as flat vectors, all
+    concatenated, then the MLP."""
+
+    def __init__(self, observation_space: gym.Space, cnn: Optional[bool], cnn_arch: str,
+                 hidden_sizes: Sequence[int], activation: str):
+        super().__init__()
+        self.leaves = leaves(observation_space)
+        self.images = [path for path, space in self.leaves if _is_image(space) and cnn is not False]
+        self.cnns = nn.ModuleDict()
+        width = 0
+        for path, space in self.leaves:
+            if path in self.images:
+                self.cnns[_module_name(path)], dim = _cnn_torso(_chw(space.shape)[0], cnn_arch)
+            else:
+                dim = _vector_dim(space)
+            width += dim
+        self.mlp, self.out_dim = _mlp_torso(width, hidden_sizes, activation)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.cnns[_module_name(path)](_encode(obs[path], space, True))
+                 if path in self.images else _encode(obs[path], space, False)
+                 for path, space in self.leaves]
+        return self.mlp(torch.cat(parts, dim=-1))
+
+
+class MultiCategorical(Distribution):
+    """Independent categoricals, one per MultiDiscrete component: log_prob and entropy
+    are the sums over the components."""
+
+    arg_constraints: dict = {}
+
+    def __init__(self, logits: torch.Tensor, nvec: Sequence[int]):
+        self.parts = [Categorical(logits=chunk, validate_args=False)
+                      for chunk in logits.split(list(nvec), dim=-1)]
+        super().__init__(logits.shape[:-1], torch.Size([len(self.parts)]), validate_args=False)
+
+    def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
+        return torch.stack([part.sample(sample_shape) for part in self.parts], dim=-1)
+
+    @property
+    def mode(self) -> torch.Tensor:
+        return torch.stack([part.probs.argmax(-1) for part in self.parts], dim=-1)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return sum(part.log_prob(value[..., i]) for i, part in enumerate(self.parts))
+
+    def entropy(self) -> torch.Tensor:
+        return sum(part.entropy() for part in self.parts)
 
 
 class ActorCritic(nn.Module):
-    """Shared-torso actor-critic with a categorical or diagonal Gaussian policy.
+    """Shared-torso actor-critic for any common pair of spaces.
 
     Args:
-        observation_space: ``Box`` (flattened for the MLP torso; ``[C, H, W]``
-            for the CNN torso) or ``Discrete`` (one-hot encoded).
-        action_space: ``Discrete`` (categorical policy over logits) or a
-            rank-1 ``Box`` (diagonal Gaussian; samples are unclipped, the caller
-            clips them to the action bounds before stepping the environment).
+        observation_space: ``Box`` (flattened for the MLP torso; an image of rank 3,
+            ``[C, H, W]`` or ``[H, W, C]``, for the CNN torso), ``Discrete`` and
+            ``MultiDiscrete`` (one-hot encoded), ``MultiBinary``, or a ``Dict`` or
+            ``Tuple`` of these (each image through a CNN, the rest concatenated, then the
+            MLP: :class:`MultiInputTorso`).
+        action_space: ``Discrete`` (categorical), ``MultiDiscrete`` (a categorical per
+            component), ``MultiBinary`` (a Bernoulli per component) or a rank-1 ``Box``
+            (diagonal Gaussian; samples are unclipped, the caller clips them to the
+            action bounds before stepping the environment). Discrete actions are indices
+            from 0; ``a3c.envs.env_action`` adds the space's ``start``.
         hidden_sizes: widths of the MLP torso layers.
         activation: ``"tanh"`` or ``"relu"`` for the MLP torso.
-        cnn: use the CNN torso; ``None`` picks it for rank-3 ``Box`` observations.
-        normalize_obs: normalise observations by running statistics (MLP torso on
-            ``Box`` observations only: images and one-hot inputs are already scaled).
+        cnn: CNN torso for image observations; ``None`` picks it for rank-3 ``Box``
+            observations, False flattens images into the MLP.
+        cnn_arch: ``"auto"`` (Nature-DQN for images of 36x36 and more, the small MinAtar
+            torso below), ``"nature"`` or ``"small"``.
+        normalize_obs: normalise vector observations (``Box`` leaves that do not go
+            through a CNN) by running statistics: images and one-hot inputs are scaled.
         normalize_value: PopArt-normalised value head.
-        state_dependent_std: Gaussian policies only: the policy head outputs a
-            log-std per action dimension next to the mean, instead of one learnable
-            ``log_std`` per dimension shared by all states (PPO's usual choice).
+        state_dependent_std: Gaussian policies only: the policy head outputs a log-std per
+            action dimension next to the mean, instead of one learnable ``log_std`` per
+            dimension shared by all states (PPO's usual choice).
     """
 
     def __init__(
@@ -109,55 +231,49 @@ class ActorCritic(nn.Module):
         normalize_obs: bool = False,
         normalize_value: bool = False,
         state_dependent_std: bool = False,
+        cnn_arch: str = "auto",
     ):
         super().__init__()
-        if isinstance(observation_space, gym.spaces.Discrete):
-            self._obs_kind, in_dim = "onehot", int(observation_space.n)
-        elif isinstance(observation_space, gym.spaces.Box):
-            self._obs_kind, in_dim = "box", int(np.prod(observation_space.shape))
-        else:
-            raise ValueError(
-                f"unsupported observation space {observation_space}; expected Box or Discrete"
-            )
-        image = self._obs_kind == "box" and len(observation_space.shape) == 3
-        if cnn is None:
-            cnn = image
-        if cnn and not image:
-            raise ValueError(
-                "the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
-                f"[H, W, C]), got {observation_space}"
-            )
-        # Images come as [C, H, W] (Atari's frame stack) or [H, W, C] (rendered frames,
-        # e.g. CarRacing's 96x96x3): few channels in the last axis means the latter.
-        shape = tuple(observation_space.shape)
-        self._channels_last = image and shape[-1] <= 4 < shape[0]
-        if isinstance(action_space, gym.spaces.Discrete) and action_space.start == 0:
-            self._action_shape, n_params = (), int(action_space.n)
-        elif isinstance(action_space, gym.spaces.Box) and len(action_space.shape) == 1:
-            self._action_shape, n_params = tuple(action_space.shape), action_space.shape[0]
-        else:
-            raise ValueError(
-                f"unsupported action space {action_space}; "
-                "expected Discrete (starting at 0) or a rank-1 Box"
-            )
-
+        check_action_space(action_space)
+        leaves(observation_space)  # refuses spaces of no fixed size, in one line
         self.observation_space, self.action_space = observation_space, action_space
-        self._obs_start = int(getattr(observation_space, "start", 0))
-        # Image observations stored as bytes are rescaled to [0, 1].
-        self._obs_scale = 1.0 / 255.0 if observation_space.dtype == np.uint8 else 1.0
-        self.uses_cnn = bool(cnn)
-        if self.uses_cnn:
-            chw = (shape[2], shape[0], shape[1]) if self._channels_last else shape
-            self.torso, feature_dim = _cnn_torso(chw)
+        self._composite = is_composite(observation_space)
+        if self._composite:
+            self.torso = MultiInputTorso(observation_space, cnn, cnn_arch, hidden_sizes, activation)
+            feature_dim, self.uses_cnn = self.torso.out_dim, bool(self.torso.images)
+            vectors = {path: tuple(space.shape) for path, space in leaves(observation_space)
+                       if isinstance(space, gym.spaces.Box) and path not in self.torso.images}
+            self.obs_norm = LeafNorms(vectors) if normalize_obs and vectors else None
         else:
-            self.torso, feature_dim = _mlp_torso(in_dim, hidden_sizes, activation)
-        self._state_std = state_dependent_std and isinstance(action_space, gym.spaces.Box)
+            image = _is_image(observation_space)
+            if cnn and not image:
+                raise ValueError(
+                    "the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
+                    f"[H, W, C]), got {observation_space}")
+            self.uses_cnn = image if cnn is None else bool(cnn)
+            if self.uses_cnn:
+                self.torso, feature_dim = _cnn_torso(_chw(observation_space.shape)[0], cnn_arch)
+            else:
+                self.torso, feature_dim = _mlp_torso(_vector_dim(observation_space), hidden_sizes,
+                                                     activation)
+            box = isinstance(observation_space, gym.spaces.Box)
+            self.obs_norm = ObservationNorm(observation_space.shape) \
+                if normalize_obs and box and not self.uses_cnn else None
+
+        if isinstance(action_space, gym.spaces.Box):
+            self._action_kind, n_params = "gaussian", action_space.shape[0]
+        elif isinstance(action_space, gym.spaces.Discrete):
+            self._action_kind, n_params = "categorical", int(action_space.n)
+        elif isinstance(action_space, gym.spaces.MultiDiscrete):
+            self._action_kind, n_params = "multicategorical", int(action_space.nvec.sum())
+            self._nvec = [int(n) for n in action_space.nvec]
+        else:
+            self._action_kind, n_params = "bernoulli", int(action_space.shape[0])
+        self._state_std = state_dependent_std and self.is_continuous
         self.policy_head = _orthogonal(
             nn.Linear(feature_dim, 2 * n_params if self._state_std else n_params), 0.01)
         self.value_head = _orthogonal(
             PopArt(feature_dim) if normalize_value else nn.Linear(feature_dim, 1), 1.0)
-        self.obs_norm = ObservationNorm(observation_space.shape) \
-            if normalize_obs and self._obs_kind == "box" and not self.uses_cnn else None
         if self.is_continuous and not self._state_std:
             self.log_std = nn.Parameter(torch.zeros(n_params))
 
@@ -168,36 +284,37 @@ class ActorCritic(nn.Module):
 
     @property
     def is_continuous(self) -> bool:
-        return self._action_shape != ()
+        return self._action_kind == "gaussian"
 
     @property
     def action_shape(self) -> Tuple[int, ...]:
-        return self._action_shape
+        return () if self._action_kind == "categorical" else tuple(self.action_space.shape)
 
     @property
     def action_dtype(self) -> type:
-        return np.float32 if self.is_continuous else np.int64
+        return {"gaussian": np.float32, "bernoulli": np.int8}.get(self._action_kind, np.int64)
 
-    def _features_input(self, obs: torch.Tensor) -> torch.Tensor:
-        """Turn raw observations of the space's dtype into float torso inputs."""
-        if self._obs_kind == "onehot":
-            return F.one_hot(obs.long() - self._obs_start, self.observation_space.n).float()
-        obs = obs.float()
-        if self._obs_scale != 1.0:
-            obs = obs * self._obs_scale
+    def _features_input(self, obs: Obs) -> Obs:
+        """Raw observations of the space's dtype -> torso inputs."""
         if self.obs_norm is not None:
-            obs = self.obs_norm(obs)
-        if not self.uses_cnn:
-            return obs.flatten(start_dim=1)
-        return obs.permute(0, 3, 1, 2) if self._channels_last else obs
+            obs = self.obs_norm(obs.float() if torch.is_tensor(obs) else obs)
+        if self._composite:
+            return obs
+        return _encode(obs, self.observation_space, self.uses_cnn)
 
-    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
         features = self.torso(self._features_input(obs))
         return self.policy_head(features), self.value_head(features).squeeze(-1)
 
     def dist(self, policy_params: torch.Tensor) -> Distribution:
-        if not self.is_continuous:
+        kind = self._action_kind
+        if kind == "categorical":
             return Categorical(logits=policy_params, validate_args=False)
+        if kind == "multicategorical":
+            return MultiCategorical(policy_params, self._nvec)
+        if kind == "bernoulli":
+            return Independent(Bernoulli(logits=policy_params, validate_args=False), 1,
+                               validate_args=False)
         if self._state_std:  # clamped: a std of e^-5 to e^2 keeps log-probs finite
             mean, log_std = policy_params.chunk(2, dim=-1)
             std = log_std.clamp(-5.0, 2.0).exp()
@@ -207,33 +324,60 @@ class ActorCritic(nn.Module):
         return Independent(Normal(mean, std, validate_args=False), 1, validate_args=False)
 
     @torch.no_grad()
-    def act(
-        self, obs: torch.Tensor, deterministic: bool = False
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def act(self, obs: Obs, deterministic: bool = False
+            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         policy_params, value = self(obs)
-        if not self.is_continuous:
-            # The Gumbel-max trick samples the categorical without building a Distribution,
-            # which costs more than the forward pass for a small network on an actor's path.
-            log_probs = torch.log_softmax(policy_params, dim=-1)
-            scores = log_probs
-            if not deterministic:  # -log(Exp(1)) is Gumbel noise
-                scores = log_probs - torch.empty_like(log_probs).exponential_().log()
-            action = scores.argmax(dim=-1)
-            return action, log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1), value
+        kind = self._action_kind
+        if kind == "categorical" or kind == "multicategorical":
+            # The Gumbel-max trick samples each categorical without building a
+            # Distribution, which costs more than the forward pass for a small network on
+            # an actor's path.
+            chunks = [policy_params] if kind == "categorical" else policy_params.split(self._nvec, -1)
+            actions, logp = [], 0.0
+            for logits in chunks:
+                log_probs = torch.log_softmax(logits, dim=-1)
+                scores = log_probs
+                if not deterministic:  # -log(Exp(1)) is Gumbel noise
+                    scores = log_probs - torch.empty_like(log_probs).exponential_().log()
+                action = scores.argmax(dim=-1)
+                actions.append(action)
+                logp = logp + log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
+            action = actions[0] if kind == "categorical" else torch.stack(actions, dim=-1)
+            return action, logp, value
+        if kind == "bernoulli":
+            if deterministic:
+                action = (policy_params > 0).to(torch.int8)
+            else:
+                action = (torch.rand_like(policy_params) < torch.sigmoid(policy_params)).to(torch.int8)
+            return action, _bernoulli_log_prob(policy_params, action), value
         dist = self.dist(policy_params)
         action = dist.mean if deterministic else dist.sample()
         return action, dist.log_prob(action), value
 
-    def evaluate(
-        self, obs: torch.Tensor, actions: torch.Tensor
-    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def evaluate(self, obs: Obs, actions: torch.Tensor
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         policy_params, value = self(obs)
-        if not self.is_continuous:  # the Categorical's formulas, without building one
-            log_probs = torch.log_softmax(policy_params, dim=-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1)
-            return log_probs.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1), entropy, value
+        kind = self._action_kind
+        if kind == "categorical" or kind == "multicategorical":  # Categorical's formulas
+            chunks = [policy_params] if kind == "categorical" else policy_params.split(self._nvec, -1)
+            columns = [actions] if kind == "categorical" else actions.unbind(-1)
+            logp = entropy = 0.0
+            for logits, action in zip(chunks, columns):
+                log_probs = torch.log_softmax(logits, dim=-1)
+                entropy = entropy - (log_probs.exp() * log_probs).sum(-1)
+                logp = logp + log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
+            return logp, entropy, value
+        if kind == "bernoulli":
+            p = torch.sigmoid(policy_params)
+            entropy = -(p * F.logsigmoid(policy_params) + (1 - p) * F.logsigmoid(-policy_params))
+            return _bernoulli_log_prob(policy_params, actions), entropy.sum(-1), value
         dist = self.dist(policy_params)
         return dist.log_prob(actions.float()), dist.entropy(), value
+
+
+def _bernoulli_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+    """Sum over the components of log p(a_i), p = sigmoid(logits)."""
+    return -F.binary_cross_entropy_with_logits(logits, actions.float(), reduction="none").sum(-1)
 
 
 class WeightCopy:
@@ -262,7 +406,8 @@ def build_model(
     normalize_obs: bool = False,
     normalize_value: bool = False,
     state_dependent_std: bool = False,
+    cnn_arch: str = "auto",
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
-                       normalize_obs, normalize_value, state_dependent_std)
+                       normalize_obs, normalize_value, state_dependent_std, cnn_arch)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-__all__ = ["ObservationNorm", "PopArt", "merge_moments"]
+__all__ = ["LeafNorms", "ObservationNorm", "PopArt", "merge_moments"]
 
 
 def merge_moments(count: float, mean: torch.Tensor, var: torch.Tensor, batch: torch.Tensor
@@ -98,3 +98,27 @@ class PopArt(nn.Linear):
         # w' = w std / std',  b' = (std b + mean - mean') / std'
         self.weight.mul_(old_std / new_std)
         self.bias.mul_(old_std).add_(old_mean - new_mean).div_(new_std)
+
+
+class LeafNorms(nn.Module):
+    """An `ObservationNorm` for each named leaf of a dict observation (Dict and Tuple
+    spaces, see a3c.spaces); the other leaves pass through unchanged."""
+
+    def __init__(self, shapes: dict[str, tuple[int, ...]]):
+        super().__init__()
+        self.paths = list(shapes)
+        # Module names cannot hold dots, which leaf paths may.
+        self.norms = nn.ModuleDict({_module_name(p): ObservationNorm(s) for p, s in shapes.items()})
+
+    @torch.no_grad()
+    def update(self, obs: dict[str, torch.Tensor]) -> None:
+        for path in self.paths:
+            self.norms[_module_name(path)].update(obs[path])
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        return {path: self.norms[_module_name(path)](value) if path in self.paths else value
+                for path, value in obs.items()}
+
+
+def _module_name(path: str) -> str:
+    return path.replace(".", "__")
