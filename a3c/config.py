@@ -40,11 +40,22 @@ def _f(default: Any, help: str, **rules: Any) -> Any:
 
 @dataclass
 class EnvConfig:
-    id: str = _f("CartPole-v1", "gymnasium id; ALE ids (e.g. ALE/Pong-v5) need ale-py")
-    kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make")
+    id: str = _f("CartPole-v1", "gymnasium id, or module:EnvId to import the module that registers it "
+                 "first; ALE ids (e.g. ALE/Pong-v5) need ale-py. With entry_point set, only the "
+                 "environment's name (default: the entry point's name)")
+    imports: list[str] = _f([], "modules imported before the environment is made, e.g. [minatar] "
+                            "(packages that register their ids on import, or by a gymnasium.envs hook)")
+    entry_point: str | None = _f(None, "module:callable (a class or a function) called with kwargs to "
+                                 "make an environment that no id names; takes the place of env.id")
+    kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make or the entry point")
     atari: bool = _f(False, "Atari preprocessing (84x84 gray, frame skip 4, noop 30) + frame stack")
     frame_stack: int = _f(4, "frames stacked when atari is true", ge=1)
     max_episode_steps: int | None = _f(None, "episode step limit (null: the environment's own)", ge=1)
+    wrappers: list[str | dict[str, Any]] = _f(
+        [], "wrappers applied in order after the Atari preprocessing: module:Wrapper, or "
+            "{module:Wrapper: {kwargs}} (RL Zoo's env_wrapper form)")
+    factory: str | None = _f(None, "set by A3C(config, env=factory), not by hand: the factory's "
+                             "module:name; such a run needs it again: A3C.load(path, env=factory)")
 
 
 @dataclass
@@ -289,10 +300,52 @@ def _build(cls: type, data: Mapping[str, Any], prefix: str, problems: list[str],
     return cls(**values)
 
 
-def _check_env(env: EnvConfig, problems: list[str]) -> None:
+def _check_env(env: EnvConfig, problems: list[str], bad: set[str]) -> None:
+    """Where the environment comes from: the modules to import, the entry point, the
+    wrappers and the id, each imported and looked up now, so that a typo is reported with
+    the rest and not by every actor."""
+    from .envs import MODULE, EnvError, import_env_module, load_object, wrapper_spec
+
+    def resolves(key: str, resolve: Any, arg: Any) -> bool:
+        try:
+            resolve(arg)
+            return True
+        except EnvError as error:
+            problems.append(f"{key}: {error}")
+            return False
+
+    # Imports first: they may register env.id.
+    for i, name in enumerate(env.imports if "env.imports" not in bad else []):
+        if not MODULE.fullmatch(name):
+            problems.append(f"env.imports[{i}]: {name!r} is not a module name; use a dotted name "
+                            f"such as minatar or my_pkg.envs")
+        else:
+            resolves(f"env.imports[{i}]", import_env_module, name)
+    if env.entry_point is not None and "env.entry_point" not in bad:
+        resolves("env.entry_point", load_object, env.entry_point)
+    for i, item in enumerate(env.wrappers if "env.wrappers" not in bad else []):
+        try:
+            path, _ = wrapper_spec(item)
+        except EnvError as error:
+            problems.append(f"env.wrappers[{i}]: {error}")
+            continue
+        resolves(f"env.wrappers[{i}]", load_object, path)
+    if env.entry_point is None and env.factory is None and not ({"env.id", "env.kwargs"} & bad):
+        _check_env_id(env, problems, resolves)
+
+
+def _check_env_id(env: EnvConfig, problems: list[str], resolves: Any) -> None:
     import gymnasium
 
-    if env.id.startswith("ALE/"):
+    from .envs import MODULE, import_env_module
+
+    module, colon, name = env.id.rpartition(":")
+    if colon and not (MODULE.fullmatch(module) and name):
+        problems.append(f"env.id: {env.id!r} is not an id or module:EnvId (e.g. my_pkg.envs:MyEnv-v0)")
+        return
+    if colon and not resolves("env.id", import_env_module, module):
+        return
+    if name.startswith("ALE/"):
         try:
             import ale_py
         except ImportError:
@@ -300,12 +353,15 @@ def _check_env(env: EnvConfig, problems: list[str]) -> None:
             return
         gymnasium.register_envs(ale_py)
     registry = gymnasium.envs.registry
-    if env.id not in registry:
-        close = difflib.get_close_matches(env.id, list(registry), n=3)
-        hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see gymnasium.envs.registry"
+    if name not in registry:
+        close = difflib.get_close_matches(name, list(registry), n=3)
+        hint = f"did you mean {', '.join(map(repr, close))}?" if close else \
+            f"module {module!r} registers no such id" if colon else "see gymnasium.envs.registry"
+        if not colon:
+            hint += "; a package that registers it on import goes in env.imports"
         problems.append(f"env.id: {env.id!r} is not a registered gymnasium environment; {hint}")
-    elif env.atari and {**registry[env.id].kwargs, **env.kwargs}.get("frameskip", 1) != 1:
-        skip = {**registry[env.id].kwargs, **env.kwargs}["frameskip"]
+    elif env.atari and {**registry[name].kwargs, **env.kwargs}.get("frameskip", 1) != 1:
+        skip = {**registry[name].kwargs, **env.kwargs}["frameskip"]
         problems.append(f"env.kwargs.frameskip: {skip!r} is not allowed with env.atari true; use 1 "
                         f"(the Atari preprocessing skips frames itself)")
 
@@ -341,8 +397,11 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
                         f"learners.batch_size ({cfg.learners.batch_size}); "
                         f"allowed: queue_capacity >= batch_size")
-    if "env.id" not in bad and "env.kwargs" not in bad:
-        _check_env(cfg.env, problems)
+    _check_env(cfg.env, problems, bad)
+    env_data = data.get("env")
+    named_by = cfg.env.factory or cfg.env.entry_point
+    if named_by and isinstance(env_data, Mapping) and "id" not in env_data:
+        cfg.env.id = named_by.rpartition(":")[2]  # the run's name for an environment no id names
     if "learners.device" not in bad:
         _check_device(cfg.learners.device, problems)
     if problems:

@@ -1,20 +1,195 @@
-"""Environments: one gymnasium env per config, and the vector of them an actor steps."""
+"""Environments: where one comes from, the wrappers around it, and the vector of them an
+actor steps.
+
+    env.imports          imported first (packages that register their ids on import)
+    the environment      A3C(config, env=factory)   factory(**env.kwargs)
+                         env.entry_point            module:callable(**env.kwargs)
+                         env.id                     gymnasium.make(id, **env.kwargs); `module:EnvId`
+                                                    imports the module first, as gymnasium does
+    env.max_episode_steps  the time limit (gymnasium.make's own, else a TimeLimit wrapper)
+    env.atari            Atari preprocessing and frame stacking
+    env.wrappers         applied in order, last
+"""
 from __future__ import annotations
+
+import difflib
+import functools
+import importlib
+import importlib.metadata
+import re
+from collections.abc import Callable, Mapping
+from multiprocessing.reduction import ForkingPickler
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import gymnasium as gym
 import numpy as np
 
-from .config import EnvConfig
+if TYPE_CHECKING:  # at run time the config imports this module, not the other way round
+    from .config import EnvConfig
 
-__all__ = ["EnvError", "env_action", "make_env", "make_vector_env"]
+__all__ = ["EnvError", "check_env_factory", "env_action", "factory_name", "import_env_module",
+           "load_object", "make_env", "make_vector_env", "wrapper_spec"]
+
+MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+OBJECT_PATH = re.compile(rf"({MODULE.pattern}):({MODULE.pattern})")  # module:name, gymnasium's form
 
 
 class EnvError(RuntimeError):
     """The environment could not be created."""
 
 
-def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
-    """Create one environment, with Atari preprocessing and frame stacking if asked."""
+# ------------------------------------------------------------------------------ where envs come from
+_HOOKS_RUN: set[str] = set()  # gymnasium.envs hooks already run in this process
+
+
+def import_env_module(name: str) -> None:
+    """Import `name`, then run the `gymnasium.envs` registration hook its package declares,
+    if any. gymnasium 0.x ran those hooks at start-up and 1.0 no longer does; some packages
+    (MinAtar) still register their ids only that way. EnvError says what failed and the fix."""
+    try:
+        importlib.import_module(name)
+    except ModuleNotFoundError as error:
+        raise EnvError(_not_found(name, error)) from None
+    except Exception as error:  # a module may raise anything while it is imported
+        raise EnvError(f"importing module {name!r} raised {type(error).__name__}: "
+                       f"{str(error)[:200]}; fix that module") from None
+    top = name.partition(".")[0]
+    for hook in importlib.metadata.entry_points(group="gymnasium.envs"):
+        if hook.module.partition(".")[0] == top and hook.value not in _HOOKS_RUN:
+            _HOOKS_RUN.add(hook.value)
+            try:
+                hook.load()()
+            except Exception as error:  # third-party code: name it and the cause
+                raise EnvError(f"the gymnasium.envs hook {hook.value} of {top} raised "
+                               f"{type(error).__name__}: {str(error)[:200]}") from None
+
+
+def _not_found(name: str, error: ModuleNotFoundError) -> str:
+    missing = error.name or name
+    if missing != name and not name.startswith(missing + "."):  # a module that `name` imports
+        return (f"importing module {name!r} failed: no module named {missing!r}; "
+                f"pip install {missing.partition('.')[0]}")
+    if "." in missing:
+        return f"module {name!r} does not exist; fix the name"
+    if Path(missing + ".py").is_file() or Path(missing).is_dir():
+        return (f"module {name!r} cannot be imported: {missing} is in the current folder, which is "
+                f"not on the module search path here; run with PYTHONPATH=.")
+    return (f"module {name!r} cannot be imported: no module named {missing!r}; is it installed? "
+            f"pip install {missing} (or the package that provides it), or fix the name")
+
+
+def load_object(path: str) -> Any:
+    """The object `module:name` names (`name` may be dotted: `module:Class.create`)."""
+    match = OBJECT_PATH.fullmatch(path)
+    if match is None:
+        raise EnvError(f"{path!r} is not of the form module:name{_colon_hint(path)}")
+    module_name, attr = match.groups()
+    import_env_module(module_name)
+    obj: Any = importlib.import_module(module_name)
+    for i, part in enumerate(attr.split(".")):
+        if not hasattr(obj, part):
+            where = module_name if i == 0 else f"{module_name}:{'.'.join(attr.split('.')[:i])}"
+            close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("_")], n=1)
+            hint = f"did you mean {close[0]!r}?" if close else "fix the name"
+            raise EnvError(f"{where} has no attribute {part!r}; {hint}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise EnvError(f"{path} is a {type(obj).__name__}, not a class or a function")
+    return obj
+
+
+def _colon_hint(path: str) -> str:
+    """`pkg.module.Name` (RL Zoo's form) -> a suggestion of `pkg.module:Name`."""
+    module, dot, name = path.rpartition(".")
+    if dot and MODULE.fullmatch(module) and re.fullmatch(r"[A-Za-z_]\w*", name):
+        return f"; did you mean '{module}:{name}'?"
+    return "; e.g. my_pkg.envs:MyEnv"
+
+
+def wrapper_spec(item: Any) -> tuple[str, dict[str, Any]]:
+    """(module:Wrapper, kwargs) for one item of env.wrappers, written as RL Zoo's
+    env_wrapper items are: `module:Wrapper`, or a one-key mapping `{module:Wrapper: {kwargs}}`."""
+    if isinstance(item, str):
+        return item, {}
+    if isinstance(item, Mapping) and len(item) == 1:
+        ((path, kwargs),) = item.items()
+        if isinstance(path, str) and isinstance(kwargs, (Mapping, type(None))):
+            return path, dict(kwargs or {})
+    raise EnvError(f"{item!r} is not a wrapper; write module:Wrapper, or a mapping of one "
+                   f"module:Wrapper to its keyword arguments")
+
+
+def factory_name(env_factory: Callable) -> str:
+    """`module:qualname` of a factory (of the function a functools.partial wraps)."""
+    while isinstance(env_factory, functools.partial):
+        env_factory = env_factory.func
+    named = env_factory if hasattr(env_factory, "__qualname__") else type(env_factory)
+    return f"{getattr(named, '__module__', None) or '?'}:{named.__qualname__}"
+
+
+def check_env_factory(env_factory: Callable | None, actors_mode: str) -> None:
+    """Actor processes restarted from the fork server receive the factory pickled: a
+    factory that cannot be pickled would only fail at the first restart, so say so now."""
+    if env_factory is None or actors_mode != "process":
+        return
+    try:
+        ForkingPickler.dumps(env_factory)
+    except Exception as error:  # PicklingError, AttributeError, TypeError: all mean the same
+        name = factory_name(env_factory)
+        what = ("a lambda" if "<lambda>" in name else "a local function" if "<locals>" in name
+                else f"not picklable ({type(error).__name__}: {str(error)[:120]})")
+        raise EnvError(
+            f"env: the factory {name} is {what}, and actor processes receive it pickled; define it "
+            f"at module level (functools.partial binds arguments), or set actors.mode=thread"
+        ) from None
+
+
+# ------------------------------------------------------------------------------------ making one
+def make_env(cfg: EnvConfig, render_mode: str | None = None,
+             env_factory: Callable | None = None) -> gym.Env:
+    """Create one environment from the config's source (or `env_factory`), with its time
+    limit, Atari preprocessing, frame stacking and wrappers."""
+    for i, name in enumerate(cfg.imports):
+        _named(f"env.imports[{i}]", import_env_module, name)
+    if env_factory is not None or cfg.factory is not None:
+        if env_factory is None:
+            raise EnvError(
+                f"env.factory: this run's environment came from the Python callable {cfg.factory} "
+                f"(A3C(config, env=...)), which a config cannot hold; pass it again: "
+                f"A3C.load(path, env=...), or describe the environment with env.entry_point")
+        env = _call(f"env factory {factory_name(env_factory)}", env_factory, cfg, render_mode)
+    elif cfg.entry_point is not None:
+        entry_point = _named("env.entry_point", load_object, cfg.entry_point)
+        env = _call(f"env.entry_point {cfg.entry_point!r}", entry_point, cfg, render_mode)
+    else:
+        env = _make_registered(cfg, render_mode)
+    try:
+        if cfg.atari:
+            # 84x84 grayscale, 4-frame skip with max-pooling, up to 30 no-ops at reset.
+            env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
+            env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
+    except Exception as error:  # gymnasium raises many kinds; name the env and the cause
+        raise EnvError(f"env.atari with env.id {cfg.id!r}: {error}") from error
+    for i, item in enumerate(cfg.wrappers):
+        path, kwargs = _named(f"env.wrappers[{i}]", wrapper_spec, item)
+        wrapper = _named(f"env.wrappers[{i}]", load_object, path)
+        env = _checked(f"env.wrappers[{i}] {path!r}", lambda: wrapper(env, **kwargs), kwargs)
+    return env
+
+
+def _named(key: str, resolve: Callable, arg: Any) -> Any:
+    """resolve(arg), with the config key that holds `arg` in front of any EnvError."""
+    try:
+        return resolve(arg)
+    except EnvError as error:
+        raise EnvError(f"{key}: {error}") from None
+
+
+def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
+    module, colon, _ = cfg.id.rpartition(":")
+    if colon:  # gymnasium's module:EnvId; imported here too, so that its hooks run
+        _named("env.id", import_env_module, module)
     if cfg.id.startswith("ALE/"):
         import ale_py
 
@@ -22,23 +197,37 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None) -> gym.Env:
     kwargs = dict(cfg.kwargs)
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    try:
-        env = gym.make(cfg.id, render_mode=render_mode, **kwargs)
-        if cfg.atari:
-            # 84x84 grayscale, 4-frame skip with max-pooling, up to 30 no-ops at reset.
-            env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84)
-            env = gym.wrappers.FrameStackObservation(env, cfg.frame_stack)
-    except Exception as error:  # gymnasium raises many kinds; name the env and the cause
-        raise EnvError(f"env.id {cfg.id!r} with env.kwargs {cfg.kwargs}: {error}") from error
+    return _checked(f"env.id {cfg.id!r}", lambda: gym.make(cfg.id, render_mode=render_mode, **kwargs),
+                    cfg.kwargs)
+
+
+def _call(what: str, make: Callable, cfg: EnvConfig, render_mode: str | None) -> gym.Env:
+    """make(**env.kwargs) (plus render_mode when one is asked for), within the time limit."""
+    kwargs = dict(cfg.kwargs, **({"render_mode": render_mode} if render_mode is not None else {}))
+    env = _checked(what, lambda: make(**kwargs), cfg.kwargs)
+    if cfg.max_episode_steps is not None:
+        env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)
     return env
 
 
-def make_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
+def _checked(what: str, make: Callable[[], Any], kwargs: Mapping[str, Any]) -> gym.Env:
+    try:
+        env = make()
+    except Exception as error:  # a constructor may raise anything; name it and the cause
+        raise EnvError(f"{what} with kwargs {dict(kwargs)}: {type(error).__name__}: {error}") from error
+    if not isinstance(env, gym.Env):
+        raise EnvError(f"{what} returned a {type(env).__name__}, not a gymnasium.Env; "
+                       f"subclass gymnasium.Env (or gymnasium.Wrapper)")
+    return env
+
+
+def make_vector_env(cfg: EnvConfig, num_envs: int, env_factory: Callable | None = None
+                    ) -> gym.vector.VectorEnv:
     """`num_envs` copies stepped in this process. SAME_STEP autoreset returns the reset
     observation at once and the final one in `info["final_obs"]`, so a fragment never
     holds a dummy step and a truncated episode can bootstrap from its final observation."""
     return gym.vector.SyncVectorEnv(
-        [lambda: make_env(cfg) for _ in range(num_envs)],
+        [lambda: make_env(cfg, env_factory=env_factory) for _ in range(num_envs)],
         autoreset_mode=gym.vector.AutoresetMode.SAME_STEP,
     )
 
