@@ -14,6 +14,7 @@ from __future__ import annotations
 import queue
 import signal
 import time
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np
@@ -50,9 +51,11 @@ def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int
 
 
 def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
-              episodes: ArrayQueue, counters: Counters, in_process: bool) -> None:
+              episodes: ArrayQueue, counters: Counters, in_process: bool,
+              env_factory: Callable | None = None) -> None:
     """Act until the fragment queue is closed. `model` is the shared model: it is read
-    (copied into a local one) once per fragment and never written."""
+    (copied into a local one) once per fragment and never written. `env_factory`, when
+    given, makes the environments instead of the config's env section."""
     if in_process:
         # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
         # forked actor also inherits the command line's SIGTERM handler: back to default.
@@ -60,7 +63,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         torch.set_num_threads(1)
     E = cfg.actors.envs_per_actor
-    envs = make_vector_env(cfg.env, E)
+    envs = make_vector_env(cfg.env, E, env_factory)
     try:
         _act(envs, model, fragments, episodes, counters, cfg, seed=cfg.seed * 10_000 + actor_id * E)
     except Closed:

@@ -3,6 +3,7 @@
     model = A3C("configs/cartpole.yaml", actors__num=4).learn(200_000)
     action, _ = model.predict(obs, deterministic=True)
     model.save("cartpole.pt"); model = A3C.load("cartpole.pt")
+    model = A3C({"env": {"id": "Corridor"}}, env=make_corridor).learn()   # your own environment
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, apply_overrides, config_to_dict, load_config, save_config
-from .envs import env_action, make_env
+from .envs import check_env_factory, env_action, factory_name, make_env
 from .metrics import Sink
 from .runner import Trainer, build_default_model, load_state
 
@@ -45,12 +46,26 @@ class A3C:
     `config` is a path to a YAML file, a dict or a `Config`; keyword overrides use `__`
     for the dots (`optim__lr=3e-4` sets `optim.lr`). `model` replaces the default
     network with any `torch.nn.Module` that has the interface of `a3c.model.ActorCritic`.
+
+    `env` is a callable returning a `gymnasium.Env` (a class, a module-level function, a
+    `functools.partial` of one), called with `env.kwargs`. It makes every environment of
+    the run (actors, the model's probe, `evaluate(..., env=agent.env_factory)`) in place of
+    `env.id` and `env.entry_point`, which then only name the environment;
+    `env.max_episode_steps`, `env.atari` and `env.wrappers` still apply to what it returns.
+    With actor processes it must pickle. A config cannot hold it: the run's config records
+    its name as `env.factory`, and `A3C.load` of such a run needs `env=` again.
     """
 
     def __init__(self, config: str | os.PathLike | dict | Config = "configs/cartpole.yaml",
-                 model: torch.nn.Module | None = None, **overrides):
-        self.config = load_config(config, {k.replace("__", "."): v for k, v in overrides.items()})
-        self.model = model if model is not None else build_default_model(self.config)
+                 model: torch.nn.Module | None = None, env: Callable[..., gym.Env] | None = None,
+                 **overrides):
+        items = {k.replace("__", "."): v for k, v in overrides.items()}
+        if env is not None:
+            items["env.factory"] = factory_name(env)
+        self.config = load_config(config, items)
+        check_env_factory(env, self.config.actors.mode)  # before any run folder
+        self.env_factory = env
+        self.model = model if model is not None else build_default_model(self.config, env)
         self._state: dict | None = None  # optimizer state and counters after learn()
         self.run_dir: Path | None = None
         # The returns of the last episodes of the latest learn(); empty before one.
@@ -74,7 +89,7 @@ class A3C:
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
-        trainer = Trainer(cfg, self.run_dir, self.model, self._state, sink)
+        trainer = Trainer(cfg, self.run_dir, self.model, self._state, sink, self.env_factory)
         try:
             trainer.train()
         finally:
@@ -104,15 +119,17 @@ class A3C:
                         config_to_dict(self.config), state["counters"])
 
     @classmethod
-    def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None) -> A3C:
-        """Load a file written by `save`, or a run folder's checkpoint.pt."""
+    def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None,
+             env: Callable[..., gym.Env] | None = None) -> A3C:
+        """Load a file written by `save`, or a run folder's checkpoint.pt. A run trained with
+        `A3C(config, env=factory)` needs the factory again: a checkpoint holds only its name."""
         path = Path(path)
         state = load_checkpoint(latest_checkpoint(path) if path.is_dir() else path)
         config = state["config"]
         if str(config.get("learners", {}).get("device", "cpu")).startswith("cuda") and \
                 not torch.cuda.is_available():  # trained on a GPU, used on a CPU-only host
             config = apply_overrides(config, {"learners.device": "cpu"})
-        agent = cls(config, model=model)
+        agent = cls(config, model=model, env=env)
         load_state(state, agent.model)
         if state["optimizer"]:
             agent._state = {**state, "model": None}
@@ -120,13 +137,14 @@ class A3C:
 
 
 def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
-             deterministic: bool = True) -> np.ndarray:
-    """Returns of `episodes` episodes played by the greedy (or sampled) policy."""
-    env = make_env(cfg.env)
+             deterministic: bool = True, env: Callable[..., gym.Env] | None = None) -> np.ndarray:
+    """Returns of `episodes` episodes played by the greedy (or sampled) policy, in the
+    config's environment or the one `env` makes (an agent's `env_factory`)."""
+    made = make_env(cfg.env, env_factory=env)
     try:
-        return play(model, env, episodes, seed, deterministic)
+        return play(model, made, episodes, seed, deterministic)
     finally:
-        env.close()
+        made.close()
 
 
 def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,

@@ -14,6 +14,7 @@ import multiprocessing as mp
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -23,7 +24,7 @@ from replay import ArrayQueue, Counters
 from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
-from .envs import make_env
+from .envs import check_env_factory, make_env
 from .learner import replay_buffer, run_learner
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
@@ -39,9 +40,9 @@ _EPISODE_QUEUE = 4096
 _JOIN_TIMEOUT_S = 10.0
 
 
-def build_default_model(cfg: Config) -> torch.nn.Module:
-    """The model the config describes, for the config's environment."""
-    env = make_env(cfg.env)
+def build_default_model(cfg: Config, env_factory: Callable | None = None) -> torch.nn.Module:
+    """The model the config describes, for the config's environment (or `env_factory`'s)."""
+    env = make_env(cfg.env, env_factory=env_factory)
     try:
         return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
                            cfg.model.activation, cfg.model.cnn, cfg.model.normalize_obs,
@@ -88,12 +89,15 @@ def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None
 
 
 class Trainer:
-    """One training run. `state` is a checkpoint dict to continue from."""
+    """One training run. `state` is a checkpoint dict to continue from; `env_factory`, when
+    given, makes every environment (A3C(config, env=...))."""
 
     def __init__(self, cfg: Config, run_dir: Path, model: torch.nn.Module | None = None,
-                 state: dict | None = None, sink: Sink | None = None):
-        self.cfg, self.run_dir = cfg, Path(run_dir)
-        self.model = model if model is not None else build_default_model(cfg)
+                 state: dict | None = None, sink: Sink | None = None,
+                 env_factory: Callable | None = None):
+        self.cfg, self.run_dir, self.env_factory = cfg, Path(run_dir), env_factory
+        check_env_factory(env_factory, cfg.actors.mode)
+        self.model = model if model is not None else build_default_model(cfg, env_factory)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
         self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
         self.counters = Counters(COUNTERS, TIMERS)
@@ -117,7 +121,7 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
-        env = make_env(cfg.env)
+        env = make_env(cfg.env, env_factory=self.env_factory)
         dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length)
         env.close()
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
@@ -200,11 +204,13 @@ class Trainer:
         # the episodes of the one it replaces.
         run_cfg = dataclasses.replace(cfg, seed=cfg.seed + 7919 * self._restarts[i])
         args = (i, run_cfg, self.model, self.fragments, self.episodes, self.counters)
+        # A restarted process receives the factory pickled (check_env_factory vouched for it).
+        kwargs = {"env_factory": self.env_factory}
         if cfg.actors.mode == "thread":
-            actor = threading.Thread(target=run_actor, args=(*args, False),
+            actor = threading.Thread(target=run_actor, args=(*args, False), kwargs=kwargs,
                                      name=f"a3c-actor-{i}", daemon=True)
         else:
-            actor = _context().Process(target=run_actor, args=(*args, True),
+            actor = _context().Process(target=run_actor, args=(*args, True), kwargs=kwargs,
                                        name=f"a3c-actor-{i}", daemon=True)
         actor.start()
         return actor
