@@ -16,8 +16,8 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-__all__ = ["Obs", "UnsupportedSpace", "action_record", "check_action_space", "leaves",
-           "obs_record", "obs_to_torch", "tree_map", "write_obs"]
+__all__ = ["Obs", "UnsupportedSpace", "action_record", "as_batch", "check_action_space", "flat_obs",
+           "leaves", "obs_record", "obs_to_torch", "stack_obs", "tree_map", "write_obs"]
 
 # A batch of observations as the model takes it: one tensor, or one per leaf.
 Obs = torch.Tensor | dict[str, torch.Tensor]
@@ -86,6 +86,26 @@ def flat_obs(obs, space: gym.Space) -> np.ndarray | dict[str, np.ndarray]:
 
     walk(obs, space, "")
     return out
+
+
+def stack_obs(observations: list, space: gym.Space) -> np.ndarray | dict[str, np.ndarray]:
+    """Single observations (as the environment returns them) -> one batch."""
+    flat = [flat_obs(o, space) for o in observations]
+    if isinstance(flat[0], dict):
+        return {path: np.stack([f[path] for f in flat]) for path in flat[0]}
+    return np.stack(flat)
+
+
+def as_batch(obs, space: gym.Space) -> tuple[np.ndarray | dict[str, np.ndarray], bool]:
+    """(a batch, whether `obs` was a single observation) of what a user passes to
+    `predict`: one observation of `space`, or a batch of them."""
+    flat = flat_obs(obs, space)
+    if isinstance(flat, dict):
+        shapes = dict(leaves(space))
+        single = all(value.shape == _leaf_record(shapes[path])[1] for path, value in flat.items())
+        return ({path: value[None] for path, value in flat.items()} if single else flat), single
+    single = flat.shape == _leaf_record(space)[1]
+    return (flat[None] if single else flat), single
 
 
 def write_obs(field: np.ndarray, obs) -> None:

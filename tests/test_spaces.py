@@ -9,8 +9,8 @@ from gymnasium import spaces
 from torch.distributions import Bernoulli, Categorical
 
 from a3c.model import ActorCritic, build_model, cnn_arch_for
-from a3c.spaces import (UnsupportedSpace, action_record, flat_obs, leaves, obs_record, obs_to_torch,
-                        write_obs)
+from a3c.spaces import (UnsupportedSpace, action_record, as_batch, leaves, obs_record, obs_to_torch,
+                        stack_obs, write_obs)
 
 DICT = spaces.Dict({
     "image": spaces.Box(0, 255, (12, 12, 3), np.uint8),
@@ -26,10 +26,7 @@ def sample_batch(space, n, seed=0):
 
 def stacked(space, observations):
     """A batch of observations as a vector env returns it: leaf arrays stacked."""
-    flat = [flat_obs(o, space) for o in observations]
-    if isinstance(flat[0], dict):
-        return {path: np.stack([f[path] for f in flat]) for path in flat[0]}
-    return np.stack(flat)
+    return stack_obs(observations, space)
 
 
 def test_leaves_of_nested_dict_and_tuple_spaces_are_named_by_their_paths():
@@ -164,3 +161,12 @@ def test_a_model_of_every_space_round_trips_through_its_state_dict():
     copy.load_state_dict(model.state_dict())
     obs = obs_to_torch(stacked(DICT, sample_batch(DICT, 3)))
     torch.testing.assert_close(copy(obs), model(obs))
+
+
+@pytest.mark.parametrize("space", [DICT, spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)])
+def test_predict_input_is_recognised_as_one_observation_or_a_batch(space):
+    one = sample_batch(space, 1)[0]
+    batch, single = as_batch(one, space)
+    assert single and len(obs_to_torch(batch)["image"] if space is DICT else batch) == 1
+    batch, single = as_batch(gym.vector.utils.batch_space(space, 3).sample(), space)
+    assert not single
