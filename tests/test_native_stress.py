@@ -7,9 +7,9 @@ or end inside a push or a pop), then rounds of producers and consumers over smal
 queues, and checks that every record arrives exactly once and in each producer's order.
 """
 import os
+import re
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,26 @@ NATIVE = Path(__file__).resolve().parents[1] / "native"
 RUN_S = 300
 
 needs_cc = pytest.mark.skipif(shutil.which("cc") is None or shutil.which("make") is None,
-                              reason="needs a C compiler (cc) and make")
+                              reason="needs a C compiler (cc) and make: install gcc and make "
+                                     "(Debian, Ubuntu: apt install build-essential)")
+
+TSAN_OPTIONS = "halt_on_error=1 exitcode=66 second_deadlock_stack=1"
+# What ThreadSanitizer prints when it cannot lay out its shadow memory in this address
+# space (high-entropy ASLR, as with vm.mmap_rnd_bits above 28 on recent kernels, or a
+# `ulimit -v`): nothing can run under it here. Anything else it prints is the program's.
+CANNOT_MAP = re.compile(r"ThreadSanitizer: unexpected memory mapping"
+                        r"|ThreadSanitizer can not (?:mmap|protect)"
+                        r"|ThreadSanitizer failed to allocate"
+                        r"|ThreadSanitizer: memory layout is incompatible"
+                        r"|limited virtual address space, which wouldn't work with ThreadSanitizer")
+# The header of a report (a data race, a lock-order inversion, a use after free, ...); a
+# run re-executed without ASLR may warn about the layout first, which is not a report.
+REPORT = re.compile(r"WARNING: ThreadSanitizer: (?!memory layout is incompatible)")
+
+
+def rounds_ok(output):
+    """The rounds a harness reported as passed ("round N...: ok")."""
+    return len(re.findall(r"^round \d+\b.*: ok$", output, re.MULTILINE))
 
 
 def build(target):
@@ -34,15 +53,45 @@ def run(binary, *args, env=None):
     return result.returncode, result.stdout + result.stderr
 
 
-def tsan_links():
-    with tempfile.TemporaryDirectory() as tmp:
-        source = Path(tmp) / "probe.c"
-        source.write_text("#include <pthread.h>\nint main(void) { return 0; }\n")
-        probe = subprocess.run(["cc", "-fsanitize=thread", "-pthread", str(source), "-o",
-                                str(Path(tmp) / "probe")], capture_output=True, text=True)
-        if probe.returncode != 0:
-            return False
-        return subprocess.run([str(Path(tmp) / "probe")], capture_output=True).returncode == 0
+def tsan_build(source, folder):
+    """Build C `source` with -fsanitize=thread in `folder`; skip the test if cc cannot."""
+    (folder / "program.c").write_text(source)
+    result = subprocess.run(["cc", "-O1", "-g", "-fsanitize=thread", "-pthread", "program.c", "-o",
+                             "program"], cwd=folder, capture_output=True, text=True, timeout=RUN_S)
+    if result.returncode != 0:
+        pytest.skip("cc cannot build with -fsanitize=thread: install the ThreadSanitizer runtime "
+                    f"(Debian, Ubuntu: apt install libtsan2), or use clang: {result.stderr.strip()[:200]}")
+    return folder / "program"
+
+
+def tsan_cannot_run(code, output):
+    """The line where ThreadSanitizer says it could not map its memory, if the program
+    failed for that reason alone; else None, and the output is to be judged."""
+    if code == 0 or REPORT.search(output):
+        return None
+    return next((line.strip() for line in output.splitlines() if CANNOT_MAP.search(line)), None)
+
+
+def assert_no_tsan_report(code, output):
+    """Skip where ThreadSanitizer cannot map its memory; fail on a report, on any other
+    FATAL error, and on a non-zero exit."""
+    reason = tsan_cannot_run(code, output)
+    if reason is not None:
+        pytest.skip(f"ThreadSanitizer cannot run on this kernel: {reason}")
+    assert not REPORT.search(output), output
+    assert "FATAL" not in output, output
+    assert code == 0, output
+
+
+def verdict(code, output):
+    """What `assert_no_tsan_report` makes of a run: "skip", "fail" or "pass"."""
+    try:
+        assert_no_tsan_report(code, output)
+    except pytest.skip.Exception:
+        return "skip"
+    except AssertionError:
+        return "fail"
+    return "pass"
 
 
 @needs_cc
@@ -55,7 +104,7 @@ def test_native_stress_every_record_exactly_once_in_producer_order(items, rounds
     assert code == 0, output
     assert "dead-producer scenarios: ok" in output
     assert "dead-consumer scenarios: ok" in output
-    assert output.count(": ok") == rounds + 2, output
+    assert rounds_ok(output) == rounds, output
     assert output.rstrip().endswith("OK"), output
 
 
@@ -64,15 +113,10 @@ def test_native_stress_every_record_exactly_once_in_producer_order(items, rounds
     ("tsan", (3000, 8, 3, 3), ("dead-producer scenarios: ok", "dead-consumer scenarios: ok")),
     ("stress_rb_tsan", (3000, 8, 3, 2), ("dead- and slow-writer scenarios: ok",)),
 ], ids=["queue", "replay_buffer"])
-def test_native_stress_under_thread_sanitizer_reports_no_race(target, args, scenarios):
-    if not tsan_links():
-        pytest.skip("ThreadSanitizer cannot build or run a program here")
-    env = dict(os.environ, TSAN_OPTIONS="halt_on_error=1 exitcode=66 second_deadlock_stack=1")
-    code, output = run(build(target), *args, env=env)
-    if "unexpected memory mapping" in output or "FATAL: ThreadSanitizer" in output:
-        pytest.skip(f"ThreadSanitizer cannot run on this kernel: {output.strip().splitlines()[0]}")
-    assert "WARNING: ThreadSanitizer" not in output, output
-    assert code == 0, output
+def test_native_stress_under_thread_sanitizer_reports_no_race(target, args, scenarios, tmp_path):
+    tsan_build("#include <pthread.h>\nint main(void) { return 0; }\n", tmp_path)
+    code, output = run(build(target), *args, env=dict(os.environ, TSAN_OPTIONS=TSAN_OPTIONS))
+    assert_no_tsan_report(code, output)
     for line in scenarios:
         assert line in output
     assert output.rstrip().endswith("OK"), output
@@ -86,5 +130,66 @@ def test_native_replay_buffer_stress_draws_only_intact_records_at_their_position
     code, output = run(build("stress_rb"), 20000, rounds, 3, 2)
     assert code == 0, output
     assert "dead- and slow-writer scenarios: ok" in output
-    assert output.count(": ok") == rounds + 1, output
+    for kind in ("uniform", "prioritized"):
+        assert re.search(rf"^max_times_sampled race \({kind}, .*: ok$", output, re.MULTILINE), output
+    assert rounds_ok(output) == rounds, output
     assert output.rstrip().endswith("OK"), output
+
+
+RACE = """#include <pthread.h>
+int counter;
+static void *add(void *arg) { (void)arg; counter++; return 0; }
+int main(void) {
+    pthread_t thread;
+    pthread_create(&thread, 0, add, 0);
+    counter++;
+    pthread_join(thread, 0);
+    return 0;
+}
+"""
+
+
+@needs_cc
+def test_a_data_race_fails_the_thread_sanitizer_check_instead_of_skipping_it(tmp_path):
+    code, output = run(tsan_build(RACE, tmp_path), env=dict(os.environ, TSAN_OPTIONS=TSAN_OPTIONS))
+    reason = tsan_cannot_run(code, output)
+    if reason is not None:
+        pytest.skip(f"ThreadSanitizer cannot run on this kernel: {reason}")
+    assert "WARNING: ThreadSanitizer: data race" in output and code == 66, output
+    assert verdict(code, output) == "fail"
+
+
+MAPPING_FAILURES = {  # as ThreadSanitizer's runtimes print them
+    "aslr": "FATAL: ThreadSanitizer: unexpected memory mapping 0x5d2a8e4c0000-0x5d2a8e4c1000",
+    "shadow": "FATAL: ThreadSanitizer can not mmap the shadow memory (something is mapped at 0x7b0000000000)",
+    "protect": "FATAL: ThreadSanitizer can not protect [7b8000000000,7fffffffffff]",
+    "allocate": "==12==ERROR: ThreadSanitizer failed to allocate 0x1000 (4096) bytes of trace "
+                "(error code: 12)",
+    "layout": "FATAL: ThreadSanitizer: memory layout is incompatible, even though ASLR is disabled.",
+    "ulimit-v": "WARNING: Program is run with limited virtual address space, which wouldn't work with "
+                "ThreadSanitizer.",
+}
+OTHER_FAILURES = {
+    "data-race": "WARNING: ThreadSanitizer: data race (pid=7)\n  Write of size 4 at 0x55 by thread T1:\n"
+                 "SUMMARY: ThreadSanitizer: data race stress.c:120 in consume",
+    "deadlock": "WARNING: ThreadSanitizer: lock-order-inversion (potential deadlock) (pid=7)",
+    "check-failed": "FATAL: ThreadSanitizer CHECK failed: tsan_rtl.cpp:100 \"((x)) != (0)\" (0x0, 0x0)",
+    "unreachable": "FATAL: ThreadSanitizer: unreachable called",
+    "crash": "Segmentation fault",
+    # a report, then the mapping message: the report decides
+    "race-then-mapping": "WARNING: ThreadSanitizer: data race (pid=7)\n"
+                         "FATAL: ThreadSanitizer: unexpected memory mapping 0x1-0x2",
+}
+
+
+@pytest.mark.parametrize("output", MAPPING_FAILURES.values(), ids=MAPPING_FAILURES.keys())
+def test_only_a_failure_to_map_memory_skips_the_thread_sanitizer_check(output):
+    assert tsan_cannot_run(66, f"stress: starting\n{output}\n") == output
+    assert tsan_cannot_run(0, output) is None  # it ran after all (re-executed without ASLR)
+    assert verdict(66, output) == "skip"
+
+
+@pytest.mark.parametrize("output", OTHER_FAILURES.values(), ids=OTHER_FAILURES.keys())
+def test_reports_and_other_fatal_errors_fail_the_thread_sanitizer_check(output):
+    assert tsan_cannot_run(66, output) is None
+    assert verdict(66, output) == "fail"
