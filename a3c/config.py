@@ -41,8 +41,8 @@ def _f(default: Any, help: str, **rules: Any) -> Any:
 @dataclass
 class EnvConfig:
     id: str = _f("CartPole-v1", "gymnasium id, or module:EnvId to import the module that registers it "
-                 "first; ALE ids (e.g. ALE/Pong-v5) need ale-py. With entry_point set, only the "
-                 "environment's name (default: the entry point's name)")
+                 "first; ALE ids (e.g. ALE/Pong-v5) need ale-py. With entry_point or A3C's env= "
+                 "factory, only the environment's name (left out: the entry point's or factory's)")
     imports: list[str] = _f([], "modules imported before the environment is made, e.g. [minatar] "
                             "(packages that register their ids on import, or by a gymnasium.envs hook)")
     entry_point: str | None = _f(None, "module:callable (a class or a function) called with kwargs to "
