@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Callable
 from fractions import Fraction
 from pathlib import Path
 
@@ -29,17 +30,19 @@ class VideoError(RuntimeError):
 
 
 def record_video(model: torch.nn.Module, cfg: Config, path: str | os.PathLike, episodes: int = 1,
-                 seed: int = 0, deterministic: bool = True) -> np.ndarray:
-    """Play `episodes` episodes as `evaluate` does, write them one after the other to the
-    MP4 file `path`, at the environment's `render_fps` (30 if it has none), and return
-    their returns. The file appears under its name only once it is complete."""
+                 seed: int = 0, deterministic: bool = True,
+                 env: Callable[..., gym.Env] | None = None) -> np.ndarray:
+    """Play `episodes` episodes as `evaluate` does (in the config's environment or the one
+    `env` makes), write them one after the other to the MP4 file `path`, at the
+    environment's `render_fps` (30 if it has none), and return their returns. The file
+    appears under its name only once it is complete."""
     path = Path(path)
     if path.suffix.lower() != ".mp4":
         raise VideoError(f"--video {path}: the video is written as MP4; give a name ending in .mp4")
     import av  # the 'video' extra; imported first, so that its absence is told before any work
 
-    env = _rendering_env(cfg)
-    fps = Fraction(env.metadata.get("render_fps") or 30).limit_denominator(1001)
+    made = _rendering_env(cfg, env)
+    fps = Fraction(made.metadata.get("render_fps") or 30).limit_denominator(1001)
     returns = np.empty(0)
 
     def write(file) -> None:
@@ -56,23 +59,23 @@ def record_video(model: torch.nn.Module, cfg: Config, path: str | os.PathLike, e
                     stream.pix_fmt = "yuv420p"  # what every player decodes
                 container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
 
-            returns = play(model, env, episodes, seed, deterministic, on_state=add_frame)
+            returns = play(model, made, episodes, seed, deterministic, on_state=add_frame)
             if stream is not None:
                 container.mux(stream.encode())  # flush the frames the encoder still holds
 
     try:
         write_atomically(path, write)
     finally:
-        env.close()
+        made.close()
     return returns
 
 
-def _rendering_env(cfg: Config) -> gym.Env:
-    """The config's environment made to render RGB arrays, or a VideoError saying it cannot."""
+def _rendering_env(cfg: Config, env_factory: Callable[..., gym.Env] | None) -> gym.Env:
+    """The environment made to render RGB arrays, or a VideoError saying it cannot."""
     with warnings.catch_warnings():
         # gymnasium's warning about a render mode the env lacks; the error below says it in one line
         warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
-        env = make_env(cfg.env, render_mode="rgb_array")
+        env = make_env(cfg.env, render_mode="rgb_array", env_factory=env_factory)
     if "rgb_array" not in env.metadata.get("render_modes", ()):
         modes = list(env.metadata.get("render_modes", ()))
         env.close()

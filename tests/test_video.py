@@ -1,6 +1,7 @@
 """`a3c eval RUN --video out.mp4`: the file holds every frame of the episodes evaluate plays,
 at the environment's size and frame rate; what cannot be recorded is a one-line error that
 leaves no file behind."""
+import functools
 import re
 import signal
 import sys
@@ -99,6 +100,17 @@ def test_video_plays_the_episodes_evaluate_plays(checkpoint, tmp_path):
     recorded = record_video(agent.model, agent.config, tmp_path / "out.mp4", episodes=3, seed=7)
     played = evaluate(agent.model, agent.config, 3, seed=7)
     np.testing.assert_array_equal(recorded, played)
+
+
+@needs_video
+def test_video_of_an_environment_made_by_a_factory(tmp_path):
+    factory = functools.partial(gym.make, "CartPole-v1", max_episode_steps=3)
+    agent = A3C(CONFIG, env=factory)
+    out = tmp_path / "out.mp4"
+    returns = record_video(agent.model, agent.config, out, env=agent.env_factory)
+    assert returns.tolist() == [3.0]  # the factory's time limit, not CartPole's 500
+    frames, _ = read_video(out)
+    assert frames.shape == (4, 400, 600, 3)
 
 
 @needs_video
