@@ -25,6 +25,7 @@ from replay import ArrayQueue, Closed, Counters
 from .config import Config
 from .envs import env_action, make_vector_env
 from .model import WeightCopy
+from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
 __all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
 
@@ -33,10 +34,11 @@ EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
 
 
 def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int) -> np.dtype:
-    """The structured dtype of one fragment of T steps."""
-    action_shape = action_space.shape if isinstance(action_space, gym.spaces.Box) else ()
-    action_type = np.float32 if isinstance(action_space, gym.spaces.Box) else np.int64
-    obs_shape, obs_type = observation_space.shape, observation_space.dtype
+    """The structured dtype of one fragment of T steps. Observations keep their space's
+    dtype (uint8 and bool images stay compact); a Dict or Tuple observation is a
+    structured field with one sub-field per leaf (a3c.spaces)."""
+    obs_type, obs_shape = obs_record(observation_space)
+    action_type, action_shape = action_record(action_space)
     return np.dtype([
         ("obs", obs_type, (T, *obs_shape)),
         ("last_obs", obs_type, obs_shape),
@@ -82,7 +84,9 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     f_obs, f_action, f_logp, f_version = buf["obs"], buf["action"], buf["logp"], buf["version"]
     f_reward, f_terminated, f_truncated = buf["reward"], buf["terminated"], buf["truncated"]
     f_trunc_value = buf["trunc_value"]
+    space = envs.single_observation_space
     obs, _ = envs.reset(seed=seed)
+    obs = flat_obs(obs, space)
     ep_return, ep_length = np.zeros(E), np.zeros(E, np.int64)
     while True:
         start = time.perf_counter()
@@ -90,9 +94,9 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         copy_weights()  # a recent policy, once per fragment
         version = counters["policy_version"]
         for t in range(T):
-            action, logp, _ = local.act(torch.from_numpy(np.asarray(obs)))
+            action, logp, _ = local.act(obs_to_torch(obs))
             action = action.numpy()
-            f_obs[:, t] = obs
+            write_obs(f_obs[:, t], obs)
             f_action[:, t] = action
             f_logp[:, t] = logp.numpy()
             f_version[:, t] = version
@@ -100,10 +104,11 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
             obs, reward, terminated, truncated, info = envs.step(
                 env_action(action, envs.single_action_space))
             env_s += time.perf_counter() - before_step
+            obs = flat_obs(obs, space)
             f_reward[:, t] = reward
             f_terminated[:, t] = terminated
             f_truncated[:, t] = truncated & ~terminated
-            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated)
+            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated, space)
             ep_return += reward
             ep_length += 1
             done = terminated | truncated
@@ -118,7 +123,7 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
                     counters.add("episodes_dropped", len(finished))
                 counters.add("episodes", len(finished))
                 ep_return[done], ep_length[done] = 0, 0
-        buf["last_obs"] = obs
+        write_obs(buf["last_obs"], obs)
         before_put = time.perf_counter()
         if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
             return  # closed while waiting: the trainer is stopping
@@ -130,12 +135,12 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         counters.add("actor_queue_s", done_at - before_put)
 
 
-def _final_values(model, info: dict, truncated: np.ndarray) -> np.ndarray:
+def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space) -> np.ndarray:
     """The value of the final observation of each truncated episode, else 0."""
     values = np.zeros(len(truncated), np.float32)
     if truncated.any():
-        final = np.stack([info["final_obs"][i] for i in np.flatnonzero(truncated)])
-        _, _, v = model.act(torch.from_numpy(final))
+        final = stack_obs([info["final_obs"][i] for i in np.flatnonzero(truncated)], space)
+        _, _, v = model.act(obs_to_torch(final))
         values[truncated] = v.numpy()
     return values
 

@@ -21,6 +21,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, apply_overrides, config_to_dict, load_config, save_config
 from .envs import check_env_factory, env_action, factory_name, make_env
 from .metrics import Sink
+from .spaces import as_batch, obs_to_torch
 from .runner import Trainer, build_default_model, load_state
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
@@ -102,12 +103,15 @@ class A3C:
         return self
 
     def predict(self, obs, deterministic: bool = True):
-        """Action(s) for one observation or a batch; returns (action, None) as SB3 does."""
-        obs = np.asarray(obs)
+        """Action(s) for one observation or a batch; returns (action, None) as SB3 does.
+        Observations of a Dict or Tuple space come as the environment returns them (a
+        batch: each leaf stacked, as a vector environment returns them)."""
         observations = getattr(self.model, "observation_space", None)
-        single = observations is not None and obs.shape == observations.shape
-        batch = torch.from_numpy(obs[None] if single else obs)
-        action, _, _ = self.model.act(batch, deterministic=deterministic)
+        if observations is None:  # a custom model: arrays only
+            obs, single = np.asarray(obs), False
+        else:
+            obs, single = as_batch(obs, observations)
+        action, _, _ = self.model.act(obs_to_torch(obs), deterministic=deterministic)
         action = action.numpy()
         if getattr(self.model, "action_space", None) is not None:
             action = env_action(action, self.model.action_space)
@@ -159,7 +163,8 @@ def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
         if on_state is not None:
             on_state(env)
         while not done:
-            action, _, _ = model.act(torch.from_numpy(np.asarray(obs)[None]), deterministic)
+            action, _, _ = model.act(obs_to_torch(as_batch(obs, env.observation_space)[0]),
+                                     deterministic)
             action = action.numpy()[0]
             obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
             total += float(reward)

@@ -63,6 +63,9 @@ class ModelConfig:
     hidden_sizes: list[int] = _f([64, 64], "sizes of the hidden layers of the MLP torso", ge=1)
     activation: str = _f("tanh", "activation of the hidden layers", choices=("tanh", "relu"))
     cnn: bool | None = _f(None, "CNN torso (null: auto, CNN for image observations)")
+    cnn_arch: str = _f("auto", "CNN for images: nature (Nature DQN), small (MinAtar's one 3x3 "
+                       "conv, for small grids), auto (nature from 36x36 up, else small)",
+                       choices=("auto", "nature", "small"))
     normalize_obs: bool = _f(True, "normalize vector observations by running mean and variance")
     normalize_value: bool = _f(True, "PopArt: learn values in units of the running std of their targets")
     state_dependent_std: bool = _f(False, "Gaussian policies: the head outputs a log-std per state "

@@ -234,7 +234,10 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, env_factory: Callable | None 
 
 def env_action(action: np.ndarray, space: gym.Space) -> np.ndarray:
     """An action the environment accepts: Gaussian samples are unbounded, so clip them to
-    a Box space; other actions pass through."""
+    a Box space; indices from 0 (the model's) are shifted to a Discrete or MultiDiscrete
+    space's `start`; other actions pass through."""
     if isinstance(space, gym.spaces.Box):
         return np.clip(action, space.low, space.high)
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(space.start):
+        return action + space.start
     return action

@@ -225,7 +225,7 @@ def test_train_without_the_train_extra_names_the_extra_to_install(missing, tmp_p
 def test_images_too_small_for_the_cnn_are_a_one_line_error(tmp_path):
     code = ("import gymnasium as gym, numpy as np, sys\n"
             "class Tiny(gym.Env):\n"
-            "    observation_space = gym.spaces.Box(0, 255, (3, 20, 20), np.uint8)\n"
+            "    observation_space = gym.spaces.Box(0, 255, (2, 2, 3), np.uint8)\n"
             "    action_space = gym.spaces.Discrete(2)\n"
             "    def __init__(self, render_mode=None): pass\n"
             "gym.register('TinyImage-v0', entry_point=Tiny)\n"
@@ -235,7 +235,7 @@ def test_images_too_small_for_the_cnn_are_a_one_line_error(tmp_path):
                             timeout=120)
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "too small for the CNN torso" in result.stderr and "model.cnn" in result.stderr
+    assert "too small for the small CNN torso" in result.stderr and "model.cnn" in result.stderr
     assert list(tmp_path.iterdir()) == []
 
 
