@@ -271,6 +271,52 @@ def test_adam_moments_and_step_count_are_shared_by_steps_from_two_threads():
     torch.testing.assert_close(opt.state["exp_avg_sq"][0], 0.99 * 0.01 * G1 ** 2 + 0.01 * G2 ** 2)
 
 
+def _steps_beside_torch(shared, reference, kwargs, steps=8):
+    """Step a shared optimizer and torch's `reference` (same keyword arguments) side by side
+    on the same gradients, in float64 so that only the formulas can differ: three tensors,
+    gradients whose scale varies per step and tensor from 1e-4 to 10 (where epsilon
+    matters and where it does not). Yields both parameter lists after each step and the
+    optimizers."""
+    rng = torch.Generator().manual_seed(0)
+    shapes = [(3, 4), (5,), (2, 2, 3)]
+    start = [torch.randn(shape, generator=rng, dtype=torch.float64) for shape in shapes]
+    ours = [nn.Parameter(t.clone()) for t in start]
+    theirs = [nn.Parameter(t.clone()) for t in start]
+    opt, ref = shared(ours, **kwargs), reference(theirs, **kwargs)
+    for _ in range(steps):
+        grads = [torch.randn(shape, generator=rng, dtype=torch.float64)
+                 * 10.0 ** torch.randint(-4, 2, (), generator=rng).item() for shape in shapes]
+        opt.step(grads)
+        for p, g in zip(theirs, grads):
+            p.grad = g.clone()
+        ref.step()
+        yield [p - p0 for p, p0 in zip(ours, start)], [p - p0 for p, p0 in zip(theirs, start)], opt, ref
+
+
+@pytest.mark.parametrize("shared, reference, kwargs", [
+    (SharedRMSprop, torch.optim.RMSprop, dict(lr=0.01, alpha=0.9, eps=1e-5)),
+    (SharedRMSprop, torch.optim.RMSprop, dict(lr=0.003, alpha=0.99, eps=1e-3)),
+    (SharedAdam, torch.optim.Adam, dict(lr=0.01, betas=(0.9, 0.99), eps=1e-5)),
+    (SharedAdam, torch.optim.Adam, dict(lr=0.001, betas=(0.8, 0.999), eps=1e-3)),
+], ids=["rmsprop", "rmsprop-large-eps", "adam", "adam-large-eps"])
+def test_shared_optimizers_take_torchs_steps_on_the_same_gradients(shared, reference, kwargs):
+    """SharedRMSprop is torch.optim.RMSprop with its defaults momentum=0, centered=False and
+    weight_decay=0 (options SharedRMSprop does not have): epsilon added to sqrt(square_avg).
+    SharedAdam is torch.optim.Adam: epsilon added to the bias-corrected sqrt(v). Each step's
+    displacement of every parameter from its start matches to 1e-9 relative, and so do the
+    statistics."""
+    for step, (moved, expected, opt, ref) in enumerate(_steps_beside_torch(shared, reference, kwargs), 1):
+        for i, (mine, theirs) in enumerate(zip(moved, expected)):
+            torch.testing.assert_close(mine, theirs, rtol=1e-9, atol=0,
+                                       msg=lambda m: f"step {step}, parameter {i}: {m}")
+        for name, tensors in opt.state.items():
+            if name == "step":
+                assert tensors[0].item() == step
+                continue
+            for p, mine in zip(ref.param_groups[0]["params"], tensors):
+                torch.testing.assert_close(mine, ref.state[p][name], rtol=1e-9, atol=0)
+
+
 def _step_in_child(opt, grad):
     opt.step([grad])
 
