@@ -102,6 +102,56 @@ def test_deterministic_act_is_mode(obs_space, action_space):
     torch.testing.assert_close(action, expected.detach())
 
 
+def reference_log_prob_and_entropy(action_space, logits, actions):
+    """Log-probabilities and entropies from torch's distributions: Categorical(logits=...)
+    per Discrete or MultiDiscrete component (summed), Bernoulli(logits=...) per MultiBinary
+    component (summed)."""
+    if isinstance(action_space, spaces.MultiBinary):
+        dist = torch.distributions.Bernoulli(logits=logits)
+        return dist.log_prob(actions.to(logits.dtype)).sum(-1), dist.entropy().sum(-1)
+    nvec = [int(action_space.n)] if isinstance(action_space, spaces.Discrete) else action_space.nvec
+    parts = [torch.distributions.Categorical(logits=chunk) for chunk in logits.split(list(nvec), -1)]
+    columns = actions.reshape(len(actions), -1).unbind(-1)
+    return (sum(part.log_prob(column) for part, column in zip(parts, columns)),
+            sum(part.entropy() for part in parts))
+
+
+@pytest.mark.parametrize("action_space", [spaces.Discrete(2), spaces.Discrete(6), spaces.Discrete(18),
+                                          spaces.MultiDiscrete([3, 5]), spaces.MultiBinary(4)],
+                         ids=["2", "6", "18", "multidiscrete-3-5", "multibinary-4"])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 30.0], ids=["near-uniform", "spread", "near-certain"])
+def test_discrete_log_prob_and_entropy_are_torchs_with_their_gradients(action_space, scale):
+    """evaluate computes them without building a distribution; they must still be torch's
+    (reference_log_prob_and_entropy, in float64 on the same logits), from near-uniform
+    policies to near-certain ones, to float32 rounding: 1e-6 of the logits' size."""
+    obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
+    model = build_model(obs_space, action_space)
+    with torch.no_grad():  # logits of about `scale` times 8
+        model.policy_head.weight.normal_(0.0, scale)
+        model.policy_head.bias.normal_(0.0, scale)
+    obs_space.seed(0)
+    action_space.seed(0)
+    obs, actions = batch(obs_space, 64), batch(action_space, 64)
+
+    log_prob, entropy, _ = model.evaluate(obs, actions)
+    logits, _ = model(obs)
+    ref_log_prob, ref_entropy = reference_log_prob_and_entropy(action_space, logits.double(), actions)
+    most = reference_log_prob_and_entropy(  # the entropy of the uniform policy
+        action_space, torch.zeros_like(logits[:1]).double(), actions[:1])[1][0]
+    regime = {0.01: ref_entropy.min() > 0.99 * most, 1.0: 0.1 < ref_entropy.median() < 0.9 * most,
+              30.0: ref_entropy.median() < 0.01 * most}[scale]
+    assert regime, (ref_entropy.min(), ref_entropy.median(), most)
+    tolerance = dict(rtol=0, atol=1e-6 * max(1.0, logits.abs().max().item()))
+    torch.testing.assert_close(log_prob.double(), ref_log_prob, **tolerance)
+    torch.testing.assert_close(entropy.double(), ref_entropy, **tolerance)
+    for mine, theirs in ((log_prob, ref_log_prob), (entropy, ref_entropy)):
+        weights = torch.randn(len(mine))  # any weighting of the batch, as a loss applies
+        grad, = torch.autograd.grad((weights * mine).sum(), model.policy_head.weight, retain_graph=True)
+        ref_grad, = torch.autograd.grad((weights.double() * theirs).sum(), model.policy_head.weight,
+                                        retain_graph=True)
+        torch.testing.assert_close(grad, ref_grad, rtol=0, atol=1e-5 * max(1.0, ref_grad.abs().max().item()))
+
+
 def test_gaussian_log_prob_and_entropy_sum_over_action_dims():
     obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
     model = build_model(obs_space, spaces.Box(-2.0, 2.0, (4,), np.float32))
