@@ -3,6 +3,7 @@ with `from conftest import ...`, as `waiting` is)."""
 import gc
 import os
 import signal
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,11 @@ def programs_under_test_take_ctrl_c():
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     yield
+
+
+# The command line as installed (the `a3c` script next to this Python), or as a module.
+_SCRIPT = Path(sys.executable).with_name("a3c")
+A3C_CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]
 
 
 # ------------------------------------------------------------------------ shared memory

@@ -26,14 +26,13 @@ from a3c.files import write_atomically
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 
-from conftest import descendants, running, segments_of
+from conftest import A3C_CLI, descendants, running, segments_of
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
-_SCRIPT = Path(sys.executable).with_name("a3c")
-A3C = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]
+A3C = A3C_CLI
 
 TINY = ["actors.num=2", "actors.envs_per_actor=2", "actors.unroll_length=5", "learners.batch_size=4", "learners.minibatches=1",
         "actors.queue_capacity=16", "logging.progress=false", "logging.interval_s=0.5",
