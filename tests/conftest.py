@@ -25,6 +25,17 @@ _SCRIPT = Path(sys.executable).with_name("a3c")
 A3C_CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]
 
 
+def assert_one_line_error(code, stderr, *fragments):
+    """The command line failed with exit code 2 and one line `error: ...` holding every
+    fragment, and no traceback."""
+    assert code == 2, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
 # ------------------------------------------------------------------------ shared memory
 def own_segments() -> set[str]:
     """This process's queue and counter segments in /dev/shm (named rq-<pid>-<hex>)."""

@@ -26,14 +26,13 @@ from a3c.config import ConfigError, load_config
 from a3c.envs import EnvError, make_env
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
+from conftest import A3C_CLI
 from envs_for_tests import REGISTERED_ID, Corridor, Scale
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # restarted actors come from it
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
-_SCRIPT = Path(sys.executable).with_name("a3c")
-A3C_COMMAND = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]
 ON_IMPORT, ON_IMPORT_ID = "envs_registered_on_import", "TestOnImport-v0"
 CORRIDOR = {"entry_point": "envs_for_tests:Corridor", "kwargs": {"length": 6}, "max_episode_steps": 12}
 TINY = {"actors": {"mode": "thread", "num": 1, "envs_per_actor": 2, "unroll_length": 5, "queue_capacity": 16},
@@ -50,7 +49,7 @@ def config(env, run_root=None, **top):
 def a3c(*args, timeout=120):
     """The command line, with tests/ on the module search path (where the user's package would be)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([*A3C_COMMAND, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+    return subprocess.run([*A3C_CLI, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
 

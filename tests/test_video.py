@@ -17,6 +17,8 @@ from a3c.api import evaluate
 from a3c.cli import main
 from a3c.video import record_video
 
+from conftest import assert_one_line_error
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
 EXTRA = 'needs the video extra: pip install -e ".[video]"'
@@ -60,15 +62,6 @@ def read_video(path):
         stream = container.streams.video[0]
         frames = [frame.to_ndarray(format="rgb24") for frame in container.decode(stream)]
         return np.stack(frames), stream.average_rate
-
-
-def assert_one_line_error(code, err, *fragments):
-    assert code == 2, err
-    assert "Traceback" not in err
-    lines = err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), err
-    for fragment in fragments:
-        assert fragment in lines[0]
 
 
 @needs_video
