@@ -21,6 +21,12 @@ Properties ``is_continuous``, ``action_shape`` and ``action_dtype``
 
 Optional: attributes ``obs_norm`` (an :class:`~a3c.normalize.ObservationNorm`) and
 ``popart`` (a :class:`~a3c.normalize.PopArt`), or None; learners update them when present.
+
+Recurrent models (``is_recurrent`` true) also have ``state_size``, ``initial_state(n)``,
+``act_recurrent(obs, state, starts, deterministic)`` (``act`` plus the next state) and
+``evaluate_recurrent(obs [T, B], actions, state, starts)`` (``evaluate`` over an unroll):
+a state is a float tensor ``[N, state_size]``, and ``starts`` marks the observations
+that begin an episode, where the state is reset first.
 """
 
 import math
@@ -34,7 +40,7 @@ import torch.nn.functional as F
 from torch.distributions import Bernoulli, Categorical, Distribution, Independent, Normal
 
 from .normalize import LeafNorms, ObservationNorm, PopArt, _module_name
-from .spaces import Obs, check_action_space, is_composite, leaves
+from .spaces import Obs, check_action_space, is_composite, leaves, tree_map
 
 __all__ = ["ActorCritic", "MultiCategorical", "WeightCopy", "build_model", "cnn_arch_for"]
 
@@ -219,6 +225,9 @@ class ActorCritic(nn.Module):
         state_dependent_std: Gaussian policies only: the policy head outputs a log-std per
             action dimension next to the mean, instead of one learnable ``log_std`` per
             dimension shared by all states (PPO's usual choice).
+        lstm: hidden size of an LSTM core between the torso and the heads (0: none), as
+            in A3C-LSTM; see ``step``, ``unroll``, ``act_recurrent`` and
+            ``evaluate_recurrent``.
     """
 
     def __init__(
@@ -232,6 +241,7 @@ class ActorCritic(nn.Module):
         normalize_value: bool = False,
         state_dependent_std: bool = False,
         cnn_arch: str = "auto",
+        lstm: int = 0,
     ):
         super().__init__()
         check_action_space(action_space)
@@ -269,6 +279,9 @@ class ActorCritic(nn.Module):
             self._nvec = [int(n) for n in action_space.nvec]
         else:
             self._action_kind, n_params = "bernoulli", int(action_space.shape[0])
+        # An LSTM core between the torso and the heads (lstm > 0: its hidden size).
+        self.core = nn.LSTMCell(feature_dim, lstm) if lstm else None
+        feature_dim = lstm or feature_dim
         self._state_std = state_dependent_std and self.is_continuous
         self.policy_head = _orthogonal(
             nn.Linear(feature_dim, 2 * n_params if self._state_std else n_params), 0.01)
@@ -302,9 +315,65 @@ class ActorCritic(nn.Module):
             return obs
         return _encode(obs, self.observation_space, self.uses_cnn)
 
+    def features(self, obs: Obs) -> torch.Tensor:
+        """The torso's output [N, F] for a batch of raw observations."""
+        return self.torso(self._features_input(obs))
+
+    def _heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.policy_head(x), self.value_head(x).squeeze(-1)
+
     def forward(self, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
-        features = self.torso(self._features_input(obs))
-        return self.policy_head(features), self.value_head(features).squeeze(-1)
+        """(policy params [N, P], value [N]). A recurrent model reads each observation
+        from the initial (zero) state here; `step` and `unroll` carry a state."""
+        x = self.features(obs)
+        if self.core is not None:
+            x = self._core(x, self.initial_state(len(x)))[0]
+        return self._heads(x)
+
+    # ---- the recurrent core ------------------------------------------------------------
+
+    @property
+    def is_recurrent(self) -> bool:
+        return self.core is not None
+
+    @property
+    def state_size(self) -> int:
+        """Floats in one environment's core state: h and c of the LSTM (0 without one)."""
+        return 2 * self.core.hidden_size if self.core is not None else 0
+
+    def initial_state(self, n: int) -> torch.Tensor:
+        """The state [n, state_size] at the start of an episode: zeros."""
+        return torch.zeros(n, self.state_size, device=self.policy_head.weight.device)
+
+    def _core(self, x: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        h, c = self.core(x, state.chunk(2, dim=-1))
+        return h, torch.cat([h, c], dim=-1)
+
+    def step(self, obs: Obs, state: torch.Tensor, starts: torch.Tensor
+             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One step of a recurrent model: (policy params, value, next state) for a batch of
+        observations, each read from `state` [N, state_size], or from the initial state
+        where `starts` [N] (bool) says the observation begins an episode."""
+        state = state * (~starts).unsqueeze(-1).to(state.dtype)
+        x, state = self._core(self.features(obs), state)
+        return (*self._heads(x), state)
+
+    def unroll(self, obs: Obs, state: torch.Tensor, starts: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`step` over T steps: obs [T, B, ...], state [B, state_size] before step 0,
+        starts [T, B] -> (params [T, B, P], values [T, B], state after the last step).
+        The torso runs once over all T * B observations; only the core steps in time."""
+        T, B = starts.shape
+        x = self.features(tree_map(lambda t: t.reshape(T * B, *t.shape[2:]), obs)).reshape(T, B, -1)
+        keep = (~starts).unsqueeze(-1).to(x.dtype)
+        outputs = []
+        for t in range(T):
+            h, state = self._core(x[t], state * keep[t])
+            outputs.append(h)
+        params, values = self._heads(torch.stack(outputs))
+        return params, values, state
+
+    # ---- acting and scoring --------------------------------------------------------------
 
     def dist(self, policy_params: torch.Tensor) -> Distribution:
         kind = self._action_kind
@@ -326,7 +395,37 @@ class ActorCritic(nn.Module):
     @torch.no_grad()
     def act(self, obs: Obs, deterministic: bool = False
             ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(action, log-prob, value) for a batch of observations, without gradient."""
         policy_params, value = self(obs)
+        return (*self._sample(policy_params, deterministic), value)
+
+    @torch.no_grad()
+    def act_recurrent(self, obs: Obs, state: torch.Tensor, starts: torch.Tensor,
+                      deterministic: bool = False
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`act` for a recurrent model: (action, log-prob, value, next state); see `step`."""
+        policy_params, value, state = self.step(obs, state, starts)
+        return (*self._sample(policy_params, deterministic), value, state)
+
+    def evaluate(self, obs: Obs, actions: torch.Tensor
+                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(log-prob, entropy, value) of `actions`, with gradient."""
+        policy_params, value = self(obs)
+        return (*self._score(policy_params, actions), value)
+
+    def evaluate_recurrent(self, obs: Obs, actions: torch.Tensor, state: torch.Tensor,
+                           starts: torch.Tensor
+                           ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`evaluate` over a [T, B] unroll (see `unroll`): (log-prob [T, B], entropy [T, B],
+        value [T, B], state after the last step)."""
+        T, B = starts.shape
+        params, values, state = self.unroll(obs, state, starts)
+        logp, entropy = self._score(params.reshape(T * B, -1), actions.reshape(T * B, *actions.shape[2:]))
+        return logp.reshape(T, B), entropy.reshape(T, B), values, state
+
+    def _sample(self, policy_params: torch.Tensor, deterministic: bool
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(action, log-prob) drawn from (or the mode of) the policy."""
         kind = self._action_kind
         if kind == "categorical" or kind == "multicategorical":
             # The Gumbel-max trick samples each categorical without building a
@@ -342,21 +441,20 @@ class ActorCritic(nn.Module):
                 action = scores.argmax(dim=-1)
                 actions.append(action)
                 logp = logp + log_probs.gather(-1, action.unsqueeze(-1)).squeeze(-1)
-            action = actions[0] if kind == "categorical" else torch.stack(actions, dim=-1)
-            return action, logp, value
+            return (actions[0] if kind == "categorical" else torch.stack(actions, dim=-1)), logp
         if kind == "bernoulli":
             if deterministic:
                 action = (policy_params > 0).to(torch.int8)
             else:
                 action = (torch.rand_like(policy_params) < torch.sigmoid(policy_params)).to(torch.int8)
-            return action, _bernoulli_log_prob(policy_params, action), value
+            return action, _bernoulli_log_prob(policy_params, action)
         dist = self.dist(policy_params)
         action = dist.mean if deterministic else dist.sample()
-        return action, dist.log_prob(action), value
+        return action, dist.log_prob(action)
 
-    def evaluate(self, obs: Obs, actions: torch.Tensor
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        policy_params, value = self(obs)
+    def _score(self, policy_params: torch.Tensor, actions: torch.Tensor
+               ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(log-prob, entropy) of `actions` under the policy, with gradient."""
         kind = self._action_kind
         if kind == "categorical" or kind == "multicategorical":  # Categorical's formulas
             chunks = [policy_params] if kind == "categorical" else policy_params.split(self._nvec, -1)
@@ -366,13 +464,13 @@ class ActorCritic(nn.Module):
                 log_probs = torch.log_softmax(logits, dim=-1)
                 entropy = entropy - (log_probs.exp() * log_probs).sum(-1)
                 logp = logp + log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
-            return logp, entropy, value
+            return logp, entropy
         if kind == "bernoulli":
             p = torch.sigmoid(policy_params)
             entropy = -(p * F.logsigmoid(policy_params) + (1 - p) * F.logsigmoid(-policy_params))
-            return _bernoulli_log_prob(policy_params, actions), entropy.sum(-1), value
+            return _bernoulli_log_prob(policy_params, actions), entropy.sum(-1)
         dist = self.dist(policy_params)
-        return dist.log_prob(actions.float()), dist.entropy(), value
+        return dist.log_prob(actions.float()), dist.entropy()
 
 
 def _bernoulli_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
@@ -407,7 +505,8 @@ def build_model(
     normalize_value: bool = False,
     state_dependent_std: bool = False,
     cnn_arch: str = "auto",
+    lstm: int = 0,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
-                       normalize_obs, normalize_value, state_dependent_std, cnn_arch)
+                       normalize_obs, normalize_value, state_dependent_std, cnn_arch, lstm)
