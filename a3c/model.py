@@ -462,12 +462,15 @@ class ActorCritic(nn.Module):
             logp = entropy = 0.0
             for logits, action in zip(chunks, columns):
                 log_probs = torch.log_softmax(logits, dim=-1)
-                entropy = entropy - (log_probs.exp() * log_probs).sum(-1)
+                # Clamped: a -inf logit (a masked action) gives 0 * finite, not 0 * -inf.
+                finite = log_probs.clamp(min=torch.finfo(log_probs.dtype).min)
+                entropy = entropy - (log_probs.exp() * finite).sum(-1)
                 logp = logp + log_probs.gather(-1, action.long().unsqueeze(-1)).squeeze(-1)
             return logp, entropy
         if kind == "bernoulli":
-            p = torch.sigmoid(policy_params)
-            entropy = -(p * F.logsigmoid(policy_params) + (1 - p) * F.logsigmoid(-policy_params))
+            # sigmoid(-x), not 1 - sigmoid(x): exact for large logits too.
+            entropy = -(torch.sigmoid(policy_params) * F.logsigmoid(policy_params)
+                        + torch.sigmoid(-policy_params) * F.logsigmoid(-policy_params))
             return _bernoulli_log_prob(policy_params, actions), entropy.sum(-1)
         dist = self.dist(policy_params)
         return dist.log_prob(actions.float()), dist.entropy()
