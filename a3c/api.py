@@ -21,7 +21,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import Config, apply_overrides, config_to_dict, load_config, save_config
 from .envs import check_env_factory, env_action, factory_name, make_env
 from .metrics import Sink
-from .spaces import as_batch, obs_to_torch
+from .spaces import as_batch, batch_size, obs_to_torch
 from .runner import Trainer, build_default_model, load_state
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
@@ -102,20 +102,38 @@ class A3C:
             self.recent_returns = list(monitor.recent_returns) if monitor else []
         return self
 
-    def predict(self, obs, deterministic: bool = True):
-        """Action(s) for one observation or a batch; returns (action, None) as SB3 does.
-        Observations of a Dict or Tuple space come as the environment returns them (a
-        batch: each leaf stacked, as a vector environment returns them)."""
+    def predict(self, obs, state: np.ndarray | None = None, episode_start=None,
+                deterministic: bool = True):
+        """Action(s) for one observation or a batch; returns (action, state) as SB3 (and
+        sb3-contrib's RecurrentPPO) does. Observations of a Dict or Tuple space come as
+        the environment returns them (a batch: each leaf stacked, as a vector environment
+        returns them).
+
+        A recurrent model (`model.lstm`) reads each observation from `state` (None: the
+        start of an episode) and returns the state to pass with the next observation;
+        `episode_start` (a bool, or one per observation) marks observations that begin a
+        new episode, where the state is reset. Without a core, `state` comes back None."""
         observations = getattr(self.model, "observation_space", None)
         if observations is None:  # a custom model: arrays only
             obs, single = np.asarray(obs), False
         else:
             obs, single = as_batch(obs, observations)
-        action, _, _ = self.model.act(obs_to_torch(obs), deterministic=deterministic)
+        obs = obs_to_torch(obs)
+        if getattr(self.model, "is_recurrent", False):
+            n = batch_size(obs)
+            state = self.model.initial_state(n) if state is None else \
+                torch.as_tensor(np.asarray(state, np.float32)).reshape(n, -1)
+            starts = torch.zeros(n, dtype=torch.bool) if episode_start is None else \
+                torch.as_tensor(np.asarray(episode_start, bool)).reshape(n)
+            action, _, _, state = self.model.act_recurrent(obs, state, starts, deterministic)
+            state = state.numpy()
+        else:
+            action, _, _ = self.model.act(obs, deterministic=deterministic)
+            state = None
         action = action.numpy()
         if getattr(self.model, "action_space", None) is not None:
             action = env_action(action, self.model.action_space)
-        return (action[0] if single else action), None
+        return (action[0] if single else action), state
 
     def save(self, path: str | os.PathLike) -> None:
         state = self._state or {"optimizer": {}, "counters": {}}
@@ -157,14 +175,20 @@ def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
     the i-th reset with `seed + i`. `on_state(env)` is called after every reset and every
     step, e.g. to render a frame."""
     returns = []
+    recurrent = getattr(model, "is_recurrent", False)
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, done = 0.0, False
+        state = model.initial_state(1) if recurrent else None  # carried through the episode
+        no_start = torch.zeros(1, dtype=torch.bool)
         if on_state is not None:
             on_state(env)
         while not done:
-            action, _, _ = model.act(obs_to_torch(as_batch(obs, env.observation_space)[0]),
-                                     deterministic)
+            batch = obs_to_torch(as_batch(obs, env.observation_space)[0])
+            if recurrent:
+                action, _, _, state = model.act_recurrent(batch, state, no_start, deterministic)
+            else:
+                action, _, _ = model.act(batch, deterministic)
             action = action.numpy()[0]
             obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
             total += float(reward)
