@@ -66,6 +66,8 @@ class ModelConfig:
     cnn_arch: str = _f("auto", "CNN for images: nature (Nature DQN), small (MinAtar's one 3x3 "
                        "conv, for small grids), auto (nature from 36x36 up, else small)",
                        choices=("auto", "nature", "small"))
+    lstm: int = _f(0, "hidden size of an LSTM core between the torso and the heads, for tasks "
+                   "that need memory (0: none)", ge=0)
     normalize_obs: bool = _f(True, "normalize vector observations by running mean and variance")
     normalize_value: bool = _f(True, "PopArt: learn values in units of the running std of their targets")
     state_dependent_std: bool = _f(False, "Gaussian policies: the head outputs a log-std per state "

@@ -47,7 +47,7 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
         return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
                            cfg.model.activation, cfg.model.cnn, cfg.model.normalize_obs,
                            cfg.model.normalize_value, cfg.model.state_dependent_std,
-                           cfg.model.cnn_arch)
+                           cfg.model.cnn_arch, cfg.model.lstm)
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:
