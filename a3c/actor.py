@@ -8,6 +8,11 @@ observation after the last step for bootstrapping. Field by field, step t holds
 V-trace), `version[t]` (the policy version that acted) and `trunc_value[t]` (the
 behaviour value of the final observation where `truncated[t]`, so that the learner can
 bootstrap a time limit without storing a second observation).
+
+`ActorLoop` is the one loop that fills fragments. A local actor (`run_actor`, a process
+or a thread) copies the shared weights into its policy before each unroll and puts the
+fragments into the queue; a remote one (`a3c.remote`) loads published weights and returns
+the fragments to the trainer, which puts them into the same queue.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ import queue
 import signal
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +33,7 @@ from .envs import env_action, make_vector_env
 from .model import WeightCopy
 from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
-__all__ = ["EPISODE_DTYPE", "fragment_dtype", "run_actor"]
+__all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "fragment_dtype", "run_actor"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
@@ -52,48 +58,45 @@ def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int
     ])
 
 
-def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
-              episodes: ArrayQueue, counters: Counters, in_process: bool,
-              env_factory: Callable | None = None) -> None:
-    """Act until the fragment queue is closed. `model` is the shared model: it is read
-    (copied into a local one) once per fragment and never written. `env_factory`, when
-    given, makes the environments instead of the config's env section."""
-    if in_process:
-        # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
-        # forked actor also inherits the command line's SIGTERM handler: back to default.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        torch.set_num_threads(1)
-    E = cfg.actors.envs_per_actor
-    envs = make_vector_env(cfg.env, E, env_factory)
-    try:
-        _act(envs, model, fragments, episodes, counters, cfg, seed=cfg.seed * 10_000 + actor_id * E)
-    except Closed:
-        pass  # the trainer is stopping
-    finally:
-        envs.close()
+def actor_seed(cfg: Config, actor_id: int) -> int:
+    """The seed of actor `actor_id`'s first environment (the others follow it)."""
+    return cfg.seed * 10_000 + actor_id * cfg.actors.envs_per_actor
 
 
-def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
-         counters: Counters, cfg: Config, seed: int) -> None:
-    E, T = cfg.actors.envs_per_actor, cfg.actors.unroll_length
-    local = _clone(shared)
-    copy_weights = WeightCopy(local, shared)
-    buf = np.zeros(E, fragments.dtype)  # one fragment per environment
-    # Field views, bound once: indexing a record array by name makes a new view each time.
-    f_obs, f_action, f_logp, f_version = buf["obs"], buf["action"], buf["logp"], buf["version"]
-    f_reward, f_terminated, f_truncated = buf["reward"], buf["terminated"], buf["truncated"]
-    f_trunc_value = buf["trunc_value"]
-    space = envs.single_observation_space
-    obs, _ = envs.reset(seed=seed)
-    obs = flat_obs(obs, space)
-    ep_return, ep_length = np.zeros(E), np.zeros(E, np.int64)
-    while True:
+class Unroll(NamedTuple):
+    """What one unroll produced besides its fragments."""
+    episodes: np.ndarray  # EPISODE_DTYPE, the episodes that ended; `step` is left 0
+    env_s: float  # seconds in envs.step
+    policy_s: float  # seconds in the rest: inference, writing the fragments
+
+
+class ActorLoop:
+    """Steps `envs` (a vector of E environments) with `policy` and writes one fragment of
+    T steps per environment. The caller keeps `policy`'s weights current (a local actor
+    copies the shared model, a remote one loads published weights) and says which policy
+    version they are; each environment's next fragment starts where its last one ended."""
+
+    def __init__(self, envs: gym.vector.VectorEnv, policy: torch.nn.Module, T: int, seed: int):
+        self.envs, self.policy, self.T = envs, policy, T
+        self.E = envs.num_envs
+        self._space = envs.single_observation_space
+        obs, _ = envs.reset(seed=seed)
+        self._obs = flat_obs(obs, self._space)
+        self._return, self._length = np.zeros(self.E), np.zeros(self.E, np.int64)
+
+    def unroll(self, out: np.ndarray, version: int) -> Unroll:
+        """Fill `out` (E records of the fragment dtype) with the next T steps of every
+        environment, acted by policy version `version`."""
         start = time.perf_counter()
         env_s = 0.0  # time in envs.step, for the per-part profile
-        copy_weights()  # a recent policy, once per fragment
-        version = counters["policy_version"]
-        for t in range(T):
+        envs, local, space, obs = self.envs, self.policy, self._space, self._obs
+        # Field views, bound once: indexing a record array by name makes a new view each time.
+        f_obs, f_action, f_logp, f_version = out["obs"], out["action"], out["logp"], out["version"]
+        f_reward, f_terminated, f_truncated = out["reward"], out["terminated"], out["truncated"]
+        f_trunc_value = out["trunc_value"]
+        ep_return, ep_length = self._return, self._length
+        finished = []
+        for t in range(self.T):
             action, logp, _ = local.act(obs_to_torch(obs))
             action = action.numpy()
             write_obs(f_obs[:, t], obs)
@@ -113,26 +116,70 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
             ep_length += 1
             done = terminated | truncated
             if done.any():
-                steps = counters["env_steps"]
-                finished = np.zeros(int(done.sum()), EPISODE_DTYPE)
-                finished["ret"], finished["length"] = ep_return[done], ep_length[done]
-                finished["step"] = steps
-                try:
-                    episodes.put_many(finished, block=False)  # monitoring only: never wait
-                except (queue.Full, Closed):  # nobody reading, or stopping: drop, count
-                    counters.add("episodes_dropped", len(finished))
-                counters.add("episodes", len(finished))
+                ended = np.zeros(int(done.sum()), EPISODE_DTYPE)
+                ended["ret"], ended["length"] = ep_return[done], ep_length[done]
+                finished.append(ended)
                 ep_return[done], ep_length[done] = 0, 0
-        write_obs(buf["last_obs"], obs)
+        write_obs(out["last_obs"], obs)
+        self._obs = obs
+        episodes = np.concatenate(finished) if finished else np.zeros(0, EPISODE_DTYPE)
+        return Unroll(episodes, env_s, time.perf_counter() - start - env_s)
+
+
+def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
+              episodes: ArrayQueue, counters: Counters, in_process: bool,
+              env_factory: Callable | None = None) -> None:
+    """Act until the fragment queue is closed. `model` is the shared model: it is read
+    (copied into a local one) once per fragment and never written. `env_factory`, when
+    given, makes the environments instead of the config's env section."""
+    if in_process:
+        # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
+        # forked actor also inherits the command line's SIGTERM handler: back to default.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        torch.set_num_threads(1)
+    envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
+    try:
+        _act(envs, model, fragments, episodes, counters, cfg, actor_seed(cfg, actor_id))
+    except Closed:
+        pass  # the trainer is stopping
+    finally:
+        envs.close()
+
+
+def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
+         counters: Counters, cfg: Config, seed: int) -> None:
+    local = clone_policy(shared)
+    copy_weights = WeightCopy(local, shared)
+    loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
+    buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment
+    while True:
+        start = time.perf_counter()
+        copy_weights()  # a recent policy, once per fragment
+        unroll = loop.unroll(buf, counters["policy_version"])
+        report_episodes(unroll.episodes, episodes, counters)
         before_put = time.perf_counter()
         if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
             return  # closed while waiting: the trainer is stopping
         done_at = time.perf_counter()
-        counters.add("env_steps", E * T)
-        counters.add("queue_puts", E)
-        counters.add("actor_env_s", env_s)
-        counters.add("actor_policy_s", before_put - start - env_s)  # inference, bookkeeping
+        counters.add("env_steps", buf.size * loop.T)
+        counters.add("queue_puts", len(buf))
+        counters.add("actor_env_s", unroll.env_s)
+        counters.add("actor_policy_s", before_put - start - unroll.env_s)  # inference, bookkeeping
         counters.add("actor_queue_s", done_at - before_put)
+
+
+def report_episodes(finished: np.ndarray, episodes: ArrayQueue, counters: Counters) -> None:
+    """Count the episodes that ended and hand them to the monitor, stamped with the env
+    steps counted so far."""
+    if not len(finished):
+        return
+    finished["step"] = counters["env_steps"]
+    try:
+        episodes.put_many(finished, block=False)  # monitoring only: never wait
+    except (queue.Full, Closed):  # nobody reading, or stopping: drop, count
+        counters.add("episodes_dropped", len(finished))
+    counters.add("episodes", len(finished))
 
 
 def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space) -> np.ndarray:
@@ -145,7 +192,7 @@ def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space) ->
     return values
 
 
-def _clone(model: torch.nn.Module) -> torch.nn.Module:
+def clone_policy(model: torch.nn.Module) -> torch.nn.Module:
     """A private copy for acting, so reading weights never races a learner's update
     in the middle of a forward pass."""
     import copy
