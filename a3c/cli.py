@@ -10,7 +10,7 @@ from pathlib import Path
 
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
-           "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video"}
+           "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray"}
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -51,6 +51,10 @@ def _train(args) -> None:
         cfg = load_config(args.config, args.overrides)
         run_dir, state = None, None
     model = build_default_model(cfg)  # environment errors surface here, before any folder
+    if cfg.actors.mode == "ray":
+        from .remote import check_cluster
+
+        check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder too
     run_dir = run_dir or new_run_dir(cfg)
     run_dir.mkdir(parents=True, exist_ok=True)
     save_config(cfg, run_dir / "config.yaml")
@@ -96,11 +100,12 @@ def main(argv: list[str] | None = None) -> None:
         from .checkpoint import CheckpointError
         from .config import ConfigError
         from .envs import EnvError
+        from .remote import ClusterError
         from .video import VideoError
 
         try:
             {"train": _train, "eval": _eval}[args.command](args)
-        except (ConfigError, CheckpointError, EnvError, VideoError) as error:
+        except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError) as error:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
     except ModuleNotFoundError as error:

@@ -25,8 +25,8 @@ from .files import write_atomically
 
 __all__ = [
     "Config", "EnvConfig", "ModelConfig", "ActorsConfig", "LearnersConfig", "OptimConfig",
-    "VTraceConfig", "ReplayConfig", "LoggingConfig", "CheckpointConfig", "ConfigError", "load_config",
-    "apply_overrides", "config_to_dict", "save_config", "config_table", "field_help",
+    "VTraceConfig", "ReplayConfig", "LoggingConfig", "CheckpointConfig", "RayConfig", "ConfigError",
+    "load_config", "apply_overrides", "config_to_dict", "save_config", "config_table", "field_help",
 ]
 
 
@@ -76,7 +76,8 @@ class ModelConfig:
 
 @dataclass
 class ActorsConfig:
-    mode: str = _f("process", "how actors run", choices=("process", "thread"))
+    mode: str = _f("process", "how actors run: processes or threads on this machine, or ray: remote "
+                   "actors on a Ray cluster (the ray section)", choices=("process", "thread", "ray"))
     num: int = _f(2, "number of actors", ge=1)
     envs_per_actor: int = _f(8, "environments stepped by each actor", ge=1)
     unroll_length: int = _f(16, "steps per fragment (T)", ge=1)
@@ -141,6 +142,33 @@ class CheckpointConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str | None = _f(None, "the Ray cluster of actors.mode=ray: null starts one on this machine "
+                             "for the run (stopped at its end); auto joins the one `ray start` runs "
+                             "here; host:port joins the cluster whose head listens there")
+    num_cpus: float = _f(1.0, "CPUs each remote actor reserves (it steps its environments in one "
+                         "process)", ge=0)
+    resources: dict[str, float] | None = _f(None, "custom resources each remote actor asks for, e.g. "
+                                            "{actor_node: 1} to place actors only on nodes started with "
+                                            "--resources (null: none)")
+    calls_in_flight: int = _f(2, "sample calls in flight per actor: 2 keeps it busy while a result "
+                              "travels; more only holds more fragments in the object store", ge=1)
+    fragments_per_call: int = _f(4, "fragments each of an actor's environments adds per call; more "
+                                 "spreads the cost of a call (about 1 ms) over more steps", ge=1)
+    weights_interval_updates: int = _f(8, "publish the weights once the policy is this many updates "
+                                       "ahead of the published ones (0: by time only)", ge=0)
+    weights_interval_s: float = _f(1.0, "publish the weights this many seconds after the last "
+                                   "publication, if the policy changed (0: by updates only)", ge=0)
+    call_timeout_s: float = _f(60.0, "a call not back after this long counts its actor as lost: "
+                               "killed, restarted, its fragments counted lost", gt=0)
+    spread: bool = _f(True, "place actors on as many nodes as possible (Ray's SPREAD; false: "
+                      "Ray's default, which fills a node first)")
+    runtime_env: dict[str, Any] | None = _f(None, "Ray runtime environment of the run, e.g. {env_vars: "
+                                            "{...}} or {py_modules: [my_envs]} to ship a module to every "
+                                            "node (null: none)")
+
+
+@dataclass
 class Config:
     name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
     seed: int = _f(1, "random seed", ge=0)
@@ -156,6 +184,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 class ConfigError(ValueError):
@@ -386,6 +415,24 @@ def _check_device(device: str, problems: list[str]) -> None:
                             f"device(s) are visible; allowed: cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
 
 
+def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
+    """The form of the ray section; whether the address answers is checked when a run starts."""
+    address = ray.address
+    if address is not None and address != "auto" and "ray.address" not in bad:
+        host, colon, port = address.rpartition(":")
+        if not (colon and host and port.isdigit() and 0 < int(port) < 65536) or "://" in host:
+            problems.append(f"ray.address: {address!r} is not allowed; use null (a Ray instance for "
+                            f"this run), auto, or host:port such as 10.0.0.1:6379")
+    if "ray.resources" not in bad:
+        for name, amount in (ray.resources or {}).items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                problems.append(f"ray.resources.{name}: {amount!r} is not allowed; use a number >= 0")
+    if not ({"ray.weights_interval_updates", "ray.weights_interval_s"} & bad) \
+            and ray.weights_interval_updates == 0 and ray.weights_interval_s == 0:
+        problems.append("ray.weights_interval_updates: 0 with ray.weights_interval_s 0 would never "
+                        "publish new weights; set either above 0")
+
+
 def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) -> Config:
     bad: set[str] = set()
     cfg = _build(Config, data, "", problems, bad)
@@ -409,6 +456,7 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         cfg.env.id = named_by.rpartition(":")[2]  # the run's name for an environment no id names
     if "learners.device" not in bad:
         _check_device(cfg.learners.device, problems)
+    _check_ray(cfg.ray, problems, bad)
     if problems:
         raise ConfigError(problems, source)
     return cfg

@@ -1,7 +1,7 @@
 """Metrics: a small facade over TensorBoard, and the monitor thread that feeds it.
 
 Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/,
-replay/.
+replay/, and ray/ (remote actors: their calls, the pump's traffic, published weights).
 Tests swap TensorBoard for `MemorySink`.
 """
 from __future__ import annotations
@@ -10,6 +10,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -67,14 +68,18 @@ class MemorySink:
 
 class Monitor(threading.Thread):
     """Writes the counters, episodes and learner statistics every `interval_s`, and
-    drives the progress bar. `recent_returns` holds the last 100 episode returns."""
+    drives the progress bar. `recent_returns` holds the last 100 episode returns.
+    `gauges`, when given, returns more scalars by tag, written with the rest (the Ray
+    pump's ray/ tags)."""
 
     def __init__(self, sink: Sink, counters: Counters, fragments: ArrayQueue,
                  episodes: ArrayQueue, learner_stats: deque, interval_s: float,
-                 total_timesteps: int, progress: bool):
+                 total_timesteps: int, progress: bool,
+                 gauges: Callable[[], dict[str, float]] | None = None):
         super().__init__(name="a3c-monitor", daemon=True)
         self.sink, self.counters, self.fragments = sink, counters, fragments
         self.episodes, self.learner_stats = episodes, learner_stats
+        self.gauges = gauges
         self.interval_s = interval_s
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._done = threading.Event()
@@ -144,6 +149,8 @@ class Monitor(threading.Thread):
         for name in self.counters.names:
             if name.endswith("_s"):  # seconds summed over workers -> cores busy on that part
                 scalar(f"perf/cores_{name[:-2]}", (counts[name] - before[name]) / dt, step)
+        for tag, value in (self.gauges() if self.gauges is not None else {}).items():
+            scalar(tag, value, step)
         gets = counts["queue_gets"] - before["queue_gets"]
         if gets:  # replayed fragments per fresh fragment over the interval
             scalar("replay/ratio", (counts["replayed"] - before["replayed"]) / gets, step)

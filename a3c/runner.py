@@ -5,6 +5,9 @@ shuts everything down (also on Ctrl-C) leaving no process, thread or shared memo
          |  read weights once per fragment                    |  Hogwild updates
          +------------------ shared model <-------------------+
     counters (shared memory) ---> monitor thread ---> TensorBoard, progress bar
+
+With `actors.mode: ray` the actors run on a Ray cluster and a pump thread puts what they
+return into the same queue (a3c.remote); the learners do not know the difference.
 """
 from __future__ import annotations
 
@@ -32,8 +35,10 @@ from .optim import build_optimizer
 
 __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "load_state"]
 
+# fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
-            "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses")
+            "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses",
+            "fragments_lost")
 # Seconds spent, summed over workers: the per-part time profile.
 TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "learner_queue_s", "learner_update_s")
 _EPISODE_QUEUE = 4096
@@ -113,6 +118,7 @@ class Trainer:
         self.saved = False  # whether the final checkpoint was written
         self._actors: list = []
         self._restarts = [0] * cfg.actors.num
+        self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -136,13 +142,17 @@ class Trainer:
                     for i in range(cfg.learners.num)]
         sink = monitor = None
         try:
-            # Actors first: while this process runs one thread they can be forked directly.
-            self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+            if cfg.actors.mode == "ray":
+                self._start_remote_actors()
+            else:
+                # Actors first: while this process runs one thread they can be forked directly.
+                self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
                 sink, self.counters, self.fragments, self.episodes, learner_stats,
-                cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress)
+                cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,
+                gauges=self._pump.gauges if self._pump is not None else None)
             for learner in learners:
                 learner.start()
             monitor.start()
@@ -188,6 +198,9 @@ class Trainer:
             for i, actor in enumerate(self._actors):
                 if not actor.is_alive():
                     self._restart_actor(i, actor)
+            if self._pump is not None and not self._pump.is_alive():
+                # It replaces remote actors itself; it ends only on what it cannot recover from.
+                raise self._pump.error or RuntimeError("the Ray pump thread ended; see its error above")
             if cfg.checkpoint.interval_s and time.monotonic() >= next_checkpoint:
                 self.save(latest_checkpoint(self.run_dir))
                 next_checkpoint += cfg.checkpoint.interval_s
@@ -228,7 +241,21 @@ class Trainer:
         self.counters.add("actor_restarts")
         self._actors[i] = self._start_actor(i)
 
+    def _start_remote_actors(self) -> None:
+        from .remote import Pump, RayRuntime
+
+        self._ray = RayRuntime(self.cfg)
+        self._pump = Pump(self.cfg, self.model, self.fragments, self.episodes, self.counters,
+                          self.env_factory)
+        self._pump.start()
+
     def _stop_actors(self) -> None:
+        if self._ray is not None:
+            try:
+                if self._pump is not None:
+                    self._pump.stop()  # kills every remote actor
+            finally:
+                self._ray.close()  # a Ray instance started for the run stops with it
         deadline = time.monotonic() + _JOIN_TIMEOUT_S
         for actor in self._actors:
             actor.join(max(0.0, deadline - time.monotonic()))
