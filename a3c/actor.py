@@ -7,7 +7,10 @@ observation after the last step for bootstrapping. Field by field, step t holds
 `truncated[t]`, `logp[t]` (the behaviour policy's log-probability of the action, for
 V-trace), `version[t]` (the policy version that acted) and `trunc_value[t]` (the
 behaviour value of the final observation where `truncated[t]`, so that the learner can
-bootstrap a time limit without storing a second observation).
+bootstrap a time limit without storing a second observation). With a recurrent policy a
+fragment also holds `state`: the core state the actor read `obs[0]` from (already reset
+if `obs[0]` began an episode); the learner unrolls the fragment from it, resetting where
+an episode ended inside.
 
 `ActorLoop` is the one loop that fills fragments. A local actor (`run_actor`, a process
 or a thread) copies the shared weights into its policy before each unroll and puts the
@@ -39,13 +42,16 @@ __all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "fragment_dtype
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
 
 
-def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int) -> np.dtype:
+def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int,
+                   state_size: int = 0) -> np.dtype:
     """The structured dtype of one fragment of T steps. Observations keep their space's
     dtype (uint8 and bool images stay compact); a Dict or Tuple observation is a
-    structured field with one sub-field per leaf (a3c.spaces)."""
+    structured field with one sub-field per leaf (a3c.spaces). `state_size` > 0 (a
+    recurrent policy's) adds the `state` field."""
     obs_type, obs_shape = obs_record(observation_space)
     action_type, action_shape = action_record(action_space)
-    return np.dtype([
+    state = [("state", np.float32, (state_size,))] if state_size else []
+    return np.dtype([*state,
         ("obs", obs_type, (T, *obs_shape)),
         ("last_obs", obs_type, obs_shape),
         ("action", action_type, (T, *action_shape)),
@@ -83,6 +89,11 @@ class ActorLoop:
         obs, _ = envs.reset(seed=seed)
         self._obs = flat_obs(obs, self._space)
         self._return, self._length = np.zeros(self.E), np.zeros(self.E, np.int64)
+        # A recurrent policy's core state, carried across steps and fragments, and which
+        # environments' current observation begins an episode (the state resets there).
+        self._recurrent = getattr(policy, "is_recurrent", False)
+        self._state = policy.initial_state(self.E) if self._recurrent else None
+        self._starts = torch.ones(self.E, dtype=torch.bool)
 
     def unroll(self, out: np.ndarray, version: int) -> Unroll:
         """Fill `out` (E records of the fragment dtype) with the next T steps of every
@@ -95,9 +106,16 @@ class ActorLoop:
         f_reward, f_terminated, f_truncated = out["reward"], out["terminated"], out["truncated"]
         f_trunc_value = out["trunc_value"]
         ep_return, ep_length = self._return, self._length
+        recurrent, state, starts = self._recurrent, self._state, self._starts
+        if recurrent:  # the state obs[0] is read from, reset where it begins an episode
+            state = state * (~starts).unsqueeze(-1)
+            out["state"] = state.numpy()
         finished = []
         for t in range(self.T):
-            action, logp, _ = local.act(obs_to_torch(obs))
+            if recurrent:
+                action, logp, _, state = local.act_recurrent(obs_to_torch(obs), state, starts)
+            else:
+                action, logp, _ = local.act(obs_to_torch(obs))
             action = action.numpy()
             write_obs(f_obs[:, t], obs)
             f_action[:, t] = action
@@ -111,17 +129,18 @@ class ActorLoop:
             f_reward[:, t] = reward
             f_terminated[:, t] = terminated
             f_truncated[:, t] = truncated & ~terminated
-            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated, space)
+            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated, space, state)
             ep_return += reward
             ep_length += 1
             done = terminated | truncated
+            starts = torch.from_numpy(done)
             if done.any():
                 ended = np.zeros(int(done.sum()), EPISODE_DTYPE)
                 ended["ret"], ended["length"] = ep_return[done], ep_length[done]
                 finished.append(ended)
                 ep_return[done], ep_length[done] = 0, 0
         write_obs(out["last_obs"], obs)
-        self._obs = obs
+        self._obs, self._state, self._starts = obs, state, starts
         episodes = np.concatenate(finished) if finished else np.zeros(0, EPISODE_DTYPE)
         return Unroll(episodes, env_s, time.perf_counter() - start - env_s)
 
@@ -182,12 +201,19 @@ def report_episodes(finished: np.ndarray, episodes: ArrayQueue, counters: Counte
     counters.add("episodes", len(finished))
 
 
-def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space) -> np.ndarray:
-    """The value of the final observation of each truncated episode, else 0."""
+def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space,
+                  state: torch.Tensor | None) -> np.ndarray:
+    """The value of the final observation of each truncated episode, else 0. A recurrent
+    policy reads it from `state`, the state after the episode's last step."""
     values = np.zeros(len(truncated), np.float32)
     if truncated.any():
-        final = stack_obs([info["final_obs"][i] for i in np.flatnonzero(truncated)], space)
-        _, _, v = model.act(obs_to_torch(final))
+        index = np.flatnonzero(truncated)
+        final = obs_to_torch(stack_obs([info["final_obs"][i] for i in index], space))
+        if state is None:
+            _, _, v = model.act(final)
+        else:
+            rows = torch.from_numpy(index)
+            _, _, v, _ = model.act_recurrent(final, state[rows], torch.zeros(len(index), dtype=torch.bool))
         values[truncated] = v.numpy()
     return values
 

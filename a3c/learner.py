@@ -27,7 +27,8 @@ from .optim import SharedOptimizer
 from .spaces import Obs, obs_to_torch, tree_map
 
 __all__ = ["Batch", "BatchSource", "Loss", "LossStats", "LearnerStep", "Updater",
-           "batch_from_fragments", "compute_loss", "replay_buffer", "run_learner", "statistics_lock"]
+           "batch_from_fragments", "compute_loss", "evaluate_batch", "replay_buffer", "run_learner",
+           "statistics_lock"]
 
 
 class Batch(NamedTuple):
@@ -43,6 +44,7 @@ class Batch(NamedTuple):
     trunc_value: torch.Tensor
     version: torch.Tensor
     bootstrap_obs: Obs
+    state: torch.Tensor | None = None  # [B, state_size]: a recurrent policy's state at obs[0]
 
 
 class LossStats(NamedTuple):
@@ -75,7 +77,32 @@ def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cp
         trunc_value=time_major("trunc_value"),
         version=time_major("version"),
         bootstrap_obs=obs_to_torch(fragments["last_obs"], device),
+        state=torch.from_numpy(np.ascontiguousarray(fragments["state"])).to(device)
+        if "state" in fragments.dtype.names else None,
     )
+
+
+def evaluate_batch(model: torch.nn.Module, batch: Batch
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The current policy on a batch: log-probs, entropies and values [T, B] (with
+    gradient), and the bootstrap values of last_obs [B] (without). A recurrent model
+    unrolls each fragment from the state the actor acted from, resetting where an
+    episode ended inside it, and reads last_obs from the state after the last step."""
+    T, B = batch.reward.shape
+    if batch.state is not None:
+        done = batch.terminated | batch.truncated
+        starts = torch.cat([torch.zeros_like(done[:1]), done[:-1]])  # obs[t] begins an episode
+        logp, entropy, values, state = model.evaluate_recurrent(batch.obs, batch.action,
+                                                                batch.state, starts)
+        with torch.no_grad():
+            _, bootstrap_value, _ = model.step(batch.bootstrap_obs, state, done[-1])
+        return logp, entropy, values, bootstrap_value
+    obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
+    action = batch.action.reshape(T * B, *batch.action.shape[2:])
+    logp, entropy, values = (x.reshape(T, B) for x in model.evaluate(obs, action))
+    with torch.no_grad():
+        _, bootstrap_value = model(batch.bootstrap_obs)
+    return logp, entropy, values, bootstrap_value
 
 
 def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
@@ -84,14 +111,10 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
     policy mu, whose data may be a few updates old)."""
     T, B = batch.reward.shape
-    obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
-    action = batch.action.reshape(T * B, *batch.action.shape[2:])
-    logp, entropy, values = (x.reshape(T, B) for x in model.evaluate(obs, action))  # [T, B]
-    with torch.no_grad():
-        _, bootstrap_value = model(batch.bootstrap_obs)  # [B]
+    logp, entropy, values, bootstrap_value = evaluate_batch(model, batch)
+    done = batch.terminated | batch.truncated
 
     gamma = cfg.learners.gamma
-    done = batch.terminated | batch.truncated
     discounts = gamma * (~done).float()  # no bootstrap across an episode's end
     # A time limit is not a terminal state: bootstrap it from its final observation.
     rewards = batch.reward + gamma * batch.trunc_value * batch.truncated.float()
@@ -282,13 +305,25 @@ def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:
 
 
 def _minibatches(batch: Batch, n: int) -> list[Batch]:
-    """The batch's fragments in `n` random parts of (nearly) equal size."""
+    """The batch's fragments in `n` random parts of (nearly) equal size, split by
+    fragment, never inside one."""
     if n == 1:
         return [batch]
     parts = torch.randperm(batch.reward.shape[1]).tensor_split(n)
-    # Every field is [T, B, ...] but bootstrap_obs, which is [B, ...].
-    return [Batch(*(tree_map(lambda t: t[:, idx], field) for field in batch[:-1]),
-                  tree_map(lambda t: t[idx], batch.bootstrap_obs)) for idx in parts]
+
+    def part(name: str, field, idx):  # whole fragments: recurrent unrolls stay intact
+        if field is None:
+            return None
+        if name in _PER_FRAGMENT:
+            return tree_map(lambda t: t[idx], field)
+        return tree_map(lambda t: t[:, idx], field)
+
+    return [Batch(*(part(name, field, idx) for name, field in zip(Batch._fields, batch)))
+            for idx in parts]
+
+
+# The Batch fields that are [B, ...]; the others are [T, B, ...].
+_PER_FRAGMENT = frozenset({"bootstrap_obs", "state"})
 
 
 def _sample(replay: ReplayBuffer, out: np.ndarray, rng: np.random.Generator) -> bool:

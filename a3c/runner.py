@@ -129,7 +129,8 @@ class Trainer:
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
         env = make_env(cfg.env, env_factory=self.env_factory)
-        dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length)
+        dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length,
+                               getattr(self.model, "state_size", 0))
         env.close()
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)

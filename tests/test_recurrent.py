@@ -1,10 +1,13 @@
 """The recurrent (LSTM) core: unrolls match stepping one observation at a time, resets
 where episodes begin, and the state the actor acted from is the one stored."""
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
+from a3c.actor import ActorLoop, fragment_dtype
+from a3c.learner import batch_from_fragments, evaluate_batch
 from a3c.model import build_model
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
@@ -51,3 +54,71 @@ def test_a_start_resets_the_state_whatever_it_was():
 def test_a_model_without_a_core_is_not_recurrent():
     model = build_model(OBS, spaces.Discrete(2))
     assert not model.is_recurrent and model.state_size == 0
+
+
+class Countdown(gym.Env):
+    """Deterministic: observation [steps left, 1], episodes of `length` steps ending by
+    termination (even ids) or truncation (odd ids)."""
+
+    def __init__(self, length=3, truncate=False):
+        self.length, self.truncate = length, truncate
+        self.observation_space = spaces.Box(-10, 10, (3,), np.float32)
+        self.action_space = spaces.Discrete(3)
+        self.t = 0
+
+    def _obs(self):
+        return np.array([self.length - self.t, 1.0, 0.5], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.length
+        return self._obs(), 1.0, end and not self.truncate, end and self.truncate, {}
+
+
+def replay_by_hand(model, observations, starts, state):
+    """One step at a time: the state before each step, and each step's params and value."""
+    before, outputs = [], []
+    for obs, start in zip(observations, starts):
+        state = torch.where(start.unsqueeze(-1), torch.zeros_like(state), state)
+        before.append(state)
+        params, value, state = model.step(obs, state, torch.zeros_like(start))
+        outputs.append((params, value))
+    return before, outputs, state
+
+
+def test_fragments_store_the_state_the_actor_acted_from_and_the_learner_unrolls_it():
+    torch.manual_seed(1)
+    model = build_model(OBS, spaces.Discrete(3), lstm=6)
+    envs = gym.vector.SyncVectorEnv([lambda: Countdown(3), lambda: Countdown(4, truncate=True)],
+                                    autoreset_mode=gym.vector.AutoresetMode.SAME_STEP)
+    T = 5
+    loop = ActorLoop(envs, model, T, seed=0)
+    dtype = fragment_dtype(OBS, spaces.Discrete(3), T, model.state_size)
+    fragments = [np.zeros(2, dtype) for _ in range(3)]
+    for f in fragments:
+        loop.unroll(f, version=0)
+    envs.close()
+
+    # The actor's whole stream, replayed by hand from the initial state.
+    observations = torch.from_numpy(np.concatenate([f["obs"] for f in fragments], 1)).transpose(0, 1)
+    done = np.concatenate([f["terminated"] | f["truncated"] for f in fragments], 1).T
+    starts = torch.from_numpy(np.concatenate([np.zeros((1, 2), bool), done[:-1]]))
+    before, outputs, _ = replay_by_hand(model, observations, starts, model.initial_state(2))
+    for k, f in enumerate(fragments):
+        torch.testing.assert_close(torch.from_numpy(f["state"].copy()), before[k * T])
+        batch = batch_from_fragments(f)
+        logp, _, values, bootstrap = evaluate_batch(model, batch)
+        for t in range(T):
+            params, value = outputs[k * T + t]
+            expected_logp = torch.log_softmax(params, -1).gather(-1, batch.action[t].unsqueeze(-1))
+            torch.testing.assert_close(logp[t], expected_logp.squeeze(-1))
+            torch.testing.assert_close(values[t], value)
+            # What the actor recorded is what the learner recomputes, at the same weights.
+            torch.testing.assert_close(logp[t], batch.logp[t])
+        if k + 1 < len(fragments):  # last_obs is the next fragment's obs[0]
+            torch.testing.assert_close(bootstrap, outputs[(k + 1) * T][1])
