@@ -1,14 +1,19 @@
 """The recurrent (LSTM) core: unrolls match stepping one observation at a time, resets
 where episodes begin, and the state the actor acted from is the one stored."""
+from pathlib import Path
+
 import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 from gymnasium import spaces
 
+from a3c import A3C
 from a3c.actor import ActorLoop, fragment_dtype
 from a3c.learner import batch_from_fragments, evaluate_batch
+from a3c.metrics import MemorySink
 from a3c.model import build_model
+from a3c.wrappers import KeepObservation
 
 OBS = spaces.Box(-1.0, 1.0, (3,), np.float32)
 
@@ -122,3 +127,59 @@ def test_fragments_store_the_state_the_actor_acted_from_and_the_learner_unrolls_
             torch.testing.assert_close(logp[t], batch.logp[t])
         if k + 1 < len(fragments):  # last_obs is the next fragment's obs[0]
             torch.testing.assert_close(bootstrap, outputs[(k + 1) * T][1])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = dict(actors__mode="thread", actors__num=1, actors__envs_per_actor=2, actors__unroll_length=5,
+            learners__batch_size=4, learners__minibatches=2, actors__queue_capacity=16,
+            logging__progress=False, logging__interval_s=0.5, checkpoint__interval_s=0)
+
+
+def test_a_recurrent_run_resumes_from_its_checkpoint_and_predicts_with_and_without_a_state(tmp_path):
+    agent = A3C(str(ROOT / "configs" / "cartpole_novel.yaml"), logging__run_root=str(tmp_path),
+                model__lstm=8, **TINY)
+    agent.learn(600, sink=MemorySink())
+    loaded = A3C.load(agent.run_dir)
+    assert loaded.model.is_recurrent and loaded.num_timesteps == agent.num_timesteps
+    loaded.learn(400, sink=MemorySink())  # resumes: its counters carry on
+    assert loaded.num_timesteps >= agent.num_timesteps + 400
+
+    obs = np.array([0.01, -0.02], np.float32)
+    action, state = agent.predict(obs)  # no state: the start of an episode
+    assert state.shape == (1, 16)
+    again, _ = agent.predict(obs, state=agent.model.initial_state(1).numpy())
+    assert again == action
+    next_action, next_state = agent.predict(obs, state=state)
+    assert not np.array_equal(next_state, state)  # the state moved on
+    reset, reset_state = agent.predict(obs, state=state, episode_start=True)
+    np.testing.assert_array_equal(reset_state, state)  # a start reads from the initial state
+    batch, states = agent.predict(np.stack([obs, obs]), state=np.concatenate([state, state]))
+    assert batch.shape == (2,) and states.shape == (2, 16)
+
+
+def test_keep_observation_drops_the_velocities_of_cartpole():
+    env = KeepObservation(gym.make("CartPole-v1"), indices=[0, 2])
+    obs, _ = env.reset(seed=0)
+    full = env.unwrapped.state
+    np.testing.assert_allclose(obs, np.asarray(full, np.float32)[[0, 2]])
+    assert env.observation_space.shape == (2,)
+    with pytest.raises(ValueError, match="from 0 to 3"):
+        KeepObservation(gym.make("CartPole-v1"), indices=[4])
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("stop_the_fork_server")
+def test_the_memory_task_needs_the_core_and_the_recurrent_config_learns_it(tmp_path):
+    """configs/cartpole_novel.yaml (CartPole without its velocities) reaches a last-100
+    mean of 450 on 3 seeds within its budget; the same config without the LSTM does not
+    get near it. About 3 minutes a run on 2 cores."""
+    def best_mean(seed, **overrides):
+        sink = MemorySink()
+        A3C(str(ROOT / "configs" / "cartpole_novel.yaml"), seed=seed, logging__run_root=str(tmp_path),
+            logging__progress=False, checkpoint__interval_s=0, **overrides).learn(sink=sink)
+        returns = [ret for _, ret in sink.scalars["charts/episodic_return"]]
+        return max(np.mean(returns[i - 100:i]) for i in range(100, len(returns) + 1))
+
+    for seed in (1, 2, 3):
+        assert best_mean(seed, target_return=450.0) >= 450.0, f"seed {seed}"
+    assert best_mean(1, model__lstm=0) < 200.0
