@@ -15,10 +15,11 @@ per part. The C counters live in one machine's shared memory, so the pump adds t
 the trainer's counters and episode queue; TensorBoard shows the same tags as for a local
 run, plus `ray/`.
 
-Back-pressure: at most `calls_in_flight` calls per actor are out, and the pump issues an
-actor's next call only once the last result found room in the queue. A full queue stops
-the pump, which stops the actors after the calls already out, so the object store holds
-at most actors x calls_in_flight results (RLlib's unbounded requests filled it: ray#24329).
+Back-pressure: at most `calls_in_flight` calls per actor are out; a result that arrives
+is replaced by a new call, then copied into the queue, and no call goes out while the
+pump waits there for room. A full queue stops the pump, which stops the actors after the
+calls already out, so the object store holds at most actors x calls_in_flight results
+and the one being copied (RLlib's unbounded requests filled it: ray#24329).
 
 Weights are pulled, not pushed: the pump publishes the model state (parameters and
 buffers, the normalizer statistics with them) with one `ray.put`, tagged with the policy
@@ -230,9 +231,6 @@ class RemoteActor:
             warnings.simplefilter("ignore", UserWarning)
             self.policy.load_state_dict({name: torch.from_numpy(array) for name, array in state.items()})
 
-    def close(self) -> None:
-        self.envs.close()
-
 
 class _Call(NamedTuple):
     actor: int
@@ -250,10 +248,14 @@ class Pump(threading.Thread):
     out per actor, puts what returns into the learners' queue and adds its steps, episodes
     and timers to the counters, publishes the weights, and replaces actors that fail. Ray
     must be initialised (RayRuntime). After a failure it cannot recover from (an actor past
-    actors.max_restarts) the thread ends with `error` set; `stop()` ends it and every actor."""
+    actors.max_restarts) the thread ends with `error` set; `stop()` ends it and every actor.
+    `actor` is the class remote actors are made of: RemoteActor, or one with its
+    constructor and `sample` (scripts/bench_scale.py swaps in one that returns ready-made
+    fragments, to time the pump alone)."""
 
     def __init__(self, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
-                 episodes: ArrayQueue, counters: Counters, env_factory: Callable | None = None):
+                 episodes: ArrayQueue, counters: Counters, env_factory: Callable | None = None,
+                 actor: type = RemoteActor):
         super().__init__(name="a3c-ray-pump", daemon=True)
         ray = self.ray = import_ray()
         self.cfg, self.model, self.env_factory = cfg, model, env_factory
@@ -261,7 +263,7 @@ class Pump(threading.Thread):
         self.error: BaseException | None = None
         self.nodes: dict[int, str] = {}  # actor -> the node its last result came from
         self._per_call = cfg.ray.fragments_per_call * cfg.actors.envs_per_actor  # fragments
-        self._remote = ray.remote(RemoteActor)
+        self._remote = ray.remote(actor)
         try:
             # One copy in the object store for every actor started, kept alive (and so never
             # evicted) by this reference for the whole run.
@@ -275,7 +277,8 @@ class Pump(threading.Thread):
         self._published = _Published(-1, None, time.monotonic())
         self._stopping = threading.Event()
         self._moved = 0  # bytes of fragments put into the queue
-        self._gauged = (time.monotonic(), 0)
+        self._idle = 0.0  # seconds the pump waited for results
+        self._gauged = (time.monotonic(), 0, 0.0)
         self._store_state: Any = None  # for the object store's use; False once it failed
 
     # ---- the loop --------------------------------------------------------------------
@@ -290,10 +293,13 @@ class Pump(threading.Thread):
                 self._publish()
                 self._issue()
                 self._expire()
+                waited_from = time.perf_counter()
                 if not self._pending:
                     self._stopping.wait(_WAIT_S)
+                    self._idle += time.perf_counter() - waited_from
                     continue
                 ready, _ = ray.wait(list(self._pending), num_returns=1, timeout=_WAIT_S)
+                self._idle += time.perf_counter() - waited_from
                 for ref in ready:
                     self._receive(ref)
         except Closed:
@@ -333,6 +339,11 @@ class Pump(threading.Thread):
             self._replace(call.actor, error, lost_calls=1)
             return
         self.nodes[call.actor] = sample.node_id
+        # The actor's next call goes out before the copy into the queue, so that with calls
+        # as short as the copy it has one to work on meanwhile. Results out stay bounded:
+        # while the copy waits for room, no call is issued.
+        self._publish()
+        self._issue()
         report_episodes(np.array(sample.episodes), self.episodes, counters)  # a writable copy
         before = time.perf_counter()
         put = self.fragments.put_many(sample.fragments)  # waits while the learners are behind
@@ -423,13 +434,17 @@ class Pump(threading.Thread):
 
     def gauges(self) -> dict[str, float]:
         """The ray/ scalars, for the monitor (called once per interval)."""
-        now, moved = time.monotonic(), self._moved
-        then, moved_then = self._gauged
-        self._gauged = (now, moved)
+        now, moved, idle = time.monotonic(), self._moved, self._idle
+        then, moved_then, idle_then = self._gauged
+        self._gauged = (now, moved, idle)
+        dt = max(now - then, 1e-9)
         published = self._published
         out = {
             "ray/calls_in_flight": len(self._pending),
-            "ray/pump_mb_per_s": (moved - moved_then) / max(now - then, 1e-9) / 1e6,
+            "ray/pump_mb_per_s": (moved - moved_then) / dt / 1e6,
+            # The share of its time the pump did anything but wait for results (copying
+            # into the queue, waiting there for room included): near 1, the pump limits.
+            "ray/pump_busy": max(0.0, 1.0 - (idle - idle_then) / dt),
             "ray/weights_age_s": now - published.at,
             "ray/weights_lag": self.counters["policy_version"] - published.version,
             "ray/fragments_lost": self.counters["fragments_lost"],
