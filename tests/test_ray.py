@@ -209,7 +209,9 @@ def test_fragments_from_several_nodes_arrive_once_with_the_version_that_acted(cl
 WINDOW = 100
 
 
-@pytest.mark.parametrize("seed", [1, 2, 3])
+# About 10-15 s a seed on 2 cores: one in the default run, the other two with -m slow.
+@pytest.mark.parametrize("seed", [1, pytest.param(2, marks=pytest.mark.slow),
+                                  pytest.param(3, marks=pytest.mark.slow)])
 def test_cartpole_with_ray_actors_reaches_475(cluster, seed, tmp_path):
     sink = MemorySink()
     agent = A3C(CARTPOLE, seed=seed, actors__mode="ray", target_return=475.0,
@@ -324,15 +326,16 @@ def test_a_worker_node_removed_mid_run_costs_a_restart_and_its_fragments_and_the
 def test_sigterm_during_a_ray_run_leaves_no_process_of_the_run_or_of_its_ray_instance(tmp_path):
     """Through the command line, which starts a Ray instance of its own (ray.address null)."""
     proc = subprocess.Popen(
-        [*A3C_CLI, "train", str(CARTPOLE), "actors.mode=ray", "total_timesteps=100000000",
-         "logging.progress=false", "checkpoint.interval_s=0", f"logging.run_root={tmp_path}"],
+        [*A3C_CLI, "train", str(CARTPOLE), "actors.mode=ray", "actors.num=1",
+         "total_timesteps=100000000", "logging.progress=false", "checkpoint.interval_s=0",
+         f"logging.run_root={tmp_path}"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         def acting():
             assert proc.poll() is None, proc.communicate()[1]
-            return sum("RemoteActor.sample" in cmdline(pid) for pid in descendants(proc.pid)) == 2
+            return any("RemoteActor.sample" in cmdline(pid) for pid in descendants(proc.pid))
 
-        wait_until(acting, timeout=90, what="the remote actors to sample")
+        wait_until(acting, timeout=90, what="the remote actor to sample")
         time.sleep(0.5)
         pids = [proc.pid, *descendants(proc.pid)]
         sessions = ray_sessions(pids)
