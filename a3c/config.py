@@ -100,6 +100,13 @@ class LearnersConfig:
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
+    advantage_std_floor: float = _f(
+        0.1, "with PopArt: normalize_advantages divides by the minibatch's std, but by no less "
+             "than this many value scales, so that the small advantages of a solved task are not "
+             "scaled up (0: always to unit std)", ge=0)
+    value_scale_floor: float = _f(
+        0.01, "with PopArt: the value scale (the std of the value targets, the unit of value "
+              "errors and advantages) is at least this fraction of the targets' mean magnitude", ge=0)
     device: str = _f("cpu", "learner device: cpu | cuda | cuda:N")
 
 

@@ -129,32 +129,62 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
         clip_pg_rho_threshold=cfg.vtrace.clip_pg_rho_threshold,
         td_lambda=cfg.vtrace.td_lambda,
     )
+    # With PopArt, value errors and advantages are judged against the value scale, the
+    # spread of the value targets (see _value_scale).
+    scale = _value_scale(model, cfg.learners.value_scale_floor)
+    floor = 0.0 if scale is None else cfg.learners.advantage_std_floor * scale
+    normalize = cfg.learners.normalize_advantages
     clip = cfg.learners.clip_coef
     if clip is None:
-        advantages = _normalized(returns.pg_advantages, cfg.learners.normalize_advantages)
+        advantages = _normalized(returns.pg_advantages, normalize, floor)
         policy_loss = -(logp * advantages).mean()
         clip_fraction = 0.0
     else:
-        advantages = _normalized(returns.advantages, cfg.learners.normalize_advantages)
+        advantages = _normalized(returns.advantages, normalize, floor)
         ratio = torch.exp(logp - batch.logp)
         policy_loss = -torch.min(ratio * advantages,
                                  ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
         clip_fraction = ((ratio - 1).abs() > clip).float().mean().item()
-    # With PopArt the value error is measured in units of the targets' std, so that
+    # With PopArt the value error is measured in units of the value scale, so that
     # returns of -500 weigh no more in the loss than returns of 1.
-    popart = getattr(model, "popart", None)
-    scale = popart.stats()[1] if popart is not None else 1.0
-    value_loss = 0.5 * ((returns.vs - values) / scale).pow(2).mean()
+    value_loss = 0.5 * ((returns.vs - values) / (1.0 if scale is None else scale)).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.learners.vf_coef * value_loss - cfg.learners.ent_coef * entropy_mean
     stats = LossStats(policy_loss.item(), value_loss.item(), entropy_mean.item(), clip_fraction)
     return Loss(loss, stats, returns.vs)
 
 
-def _normalized(advantages: torch.Tensor, normalize: bool) -> torch.Tensor:
+def _value_scale(model: torch.nn.Module, floor: float) -> torch.Tensor | None:
+    """The unit of value errors and advantages: PopArt's std of the value targets, but no
+    less than `floor` times the magnitude of their mean (None without PopArt).
+
+    Once a task is solved its targets can all be nearly the same: CartPole's are all
+    about 1 / (1 - gamma) = 100, with a std that falls to PopArt's 0.01 floor. Measured
+    in such units, value errors of 0.02 made the value loss 10^4 times larger, its
+    gradient 200-2500 times the norm clip, so that the clip shrank the policy's gradient
+    as much; Adam's second moments shrank with it, and the first failed episode, which
+    spreads the targets again, gave the policy its full gradient at steps several times
+    the learning rate: the solved policy collapsed."""
+    popart = getattr(model, "popart", None)
+    if popart is None:
+        return None
+    mean, std = popart.stats()
+    return torch.maximum(std, floor * mean.abs())
+
+
+def _normalized(advantages: torch.Tensor, normalize: bool,
+                floor: torch.Tensor | float = 0.0) -> torch.Tensor:
+    """Advantages less their mean, divided by their std, but by no less than `floor`.
+
+    Once the values are accurate, the advantages of a solved policy are small noise;
+    scaled up to unit std they moved the policy as far per step as real advantages do,
+    and it drifted off (on CartPole: the cart drifting out of bounds late in an episode).
+    Below the floor they keep their size, and steps stay in proportion to what they say."""
     if not normalize:
         return advantages
-    return (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+    std = torch.maximum(advantages.std(), torch.as_tensor(floor, dtype=advantages.dtype,
+                                                          device=advantages.device))
+    return (advantages - advantages.mean()) / (std + 1e-8)
 
 
 class LearnerStep(NamedTuple):
