@@ -121,7 +121,7 @@ def _auto_address() -> str | None:
         return os.environ["RAY_ADDRESS"]
     try:
         from ray._private.services import canonicalize_bootstrap_address_or_die
-    except ImportError:  # a Ray without this helper: ray.init looks for itself
+    except ImportError:  # a Ray without this function: ray.init looks for itself
         return "auto"
     try:
         return canonicalize_bootstrap_address_or_die("auto")
