@@ -19,6 +19,8 @@ the fragments to the trainer, which puts them into the same queue.
 """
 from __future__ import annotations
 
+import ctypes
+import os
 import queue
 import signal
 import time
@@ -156,6 +158,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         # forked actor also inherits the command line's SIGTERM handler: back to default.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        _end_with_parent()
         torch.set_num_threads(1)
     envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
     try:
@@ -186,6 +189,22 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         counters.add("actor_env_s", unroll.env_s)
         counters.add("actor_policy_s", before_put - start - unroll.env_s)  # inference, bookkeeping
         counters.add("actor_queue_s", done_at - before_put)
+
+
+def _end_with_parent() -> None:
+    """Have the kernel send this process SIGTERM when its parent ends (Linux's
+    PR_SET_PDEATHSIG), however it ends: a trainer killed with SIGKILL, or whose SIGTERM
+    handler never ran, cannot stop its actors, and without this they would wait on the
+    queue forever. The parent is the trainer, or for a restarted actor the fork server,
+    which ends with the trainer."""
+    parent = os.getppid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it ended before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+_PR_SET_PDEATHSIG = 1
 
 
 def report_episodes(finished: np.ndarray, episodes: ArrayQueue, counters: Counters) -> None:
