@@ -1,7 +1,9 @@
 """Learning: each shipped config reaches its task's threshold (the mean return of the last
 100 episodes) within the config's own budget, for several seeds; and CartPole, trained for
 its whole budget with no early stop, ends solved (a run that collapses after its first
-peak fails). About 5-30 s per run on 2 cores."""
+peak fails). About 5-30 s per run on 2 cores. Marked slow (about a minute or two each):
+CartPole at a constant learning rate for twice its budget stays solved, with no decay of
+the rate to hold it."""
 from collections import deque
 from pathlib import Path
 
@@ -61,3 +63,22 @@ def test_cartpole_trained_for_its_whole_budget_ends_solved(tmp_path):
     print(f"\ncartpole seed 1, {agent.num_timesteps} env steps: final last-{WINDOW} mean "
           f"{curve[-1][1]:.1f}, lowest over the second half {lowest_late:.1f}")
     assert curve[-1][1] >= TASKS["cartpole"], f"the run ended at a mean return of {curve[-1][1]:.1f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_cartpole_at_a_constant_learning_rate_stays_solved(seed, tmp_path):
+    """Once solved, stays solved by itself: 1 M steps at the starting rate, and the last-100
+    mean never falls below 400 after first reaching 475, and ends at 475 or more."""
+    episodes, agent = train("cartpole", seed, tmp_path, optim__lr_schedule="constant",
+                            total_timesteps=1_000_000)
+    assert agent.num_timesteps >= 1_000_000
+    curve = list(means(episodes))
+    first = next((i for i, (_, mean) in enumerate(curve) if mean >= TASKS["cartpole"]), None)
+    assert first is not None, f"seed {seed}: never reached {TASKS['cartpole']}"
+    low_step, lowest = min(curve[first:], key=lambda point: point[1])
+    print(f"\ncartpole seed {seed}, constant rate, {agent.num_timesteps} env steps: reached "
+          f"{TASKS['cartpole']:.0f} at step {curve[first][0]}; lowest last-{WINDOW} mean after that "
+          f"{lowest:.1f} (step {low_step}); final {curve[-1][1]:.1f}")
+    assert lowest >= 400, f"seed {seed}: fell to a last-{WINDOW} mean of {lowest:.1f} at step {low_step}"
+    assert curve[-1][1] >= TASKS["cartpole"], f"seed {seed}: ended at {curve[-1][1]:.1f}"
