@@ -6,15 +6,21 @@ no early stop, one run at a time, torch on one thread in the trainer's process. 
 run it records the wall seconds from launch (building the agent; imports excluded) until
 the mean return of the last 100 episodes first reaches the task's threshold, the env
 steps at that moment, and the mean of the last 100 episodes at the end of the budget
-(a run that solves and then collapses ends below the threshold). For this trainer it also
-records throughput, the learner's busy fraction and the sample reuse, with the shipped
-config and with reuse switched off.
+(a run that solves and then collapses ends below the threshold), and the lowest last-100
+mean after that first time. For this trainer it also records throughput, the learner's
+busy fraction and the sample reuse, with the shipped config and with reuse switched off.
+
+--stability asks whether a solved policy stays solved: CartPole, Acrobot and LunarLander,
+3 seeds each, trained for 10 times their budgets (so that the learning rate's linear
+decay is still near its start long after the first solve), reporting the lowest last-100
+mean after first reaching the threshold.
 
     python scripts/bench_train.py                           # the suite (about 45 min on 2 cores)
     python scripts/bench_train.py --tasks acrobot --only a3c ppo
     python scripts/bench_train.py --ablation --seeds 1 2 3  # each part switched off
     python scripts/bench_train.py --tasks cartpole acrobot --only a3c a3c-threads
     python scripts/bench_train.py --tasks pendulum lunarlander --only a3c-defaults ppo
+    python scripts/bench_train.py --stability               # about 2 hours on 2 cores
 """
 from __future__ import annotations
 
@@ -60,12 +66,14 @@ A3C_VARIANTS = {
 }
 # Run only when asked for: actors as threads instead of processes, a Gaussian policy's
 # log-std read from the head per state, and the dataclass defaults in place of the
-# shipped config (what a config that sets only env.id gets).
+# shipped config (what a config that sets only env.id gets), and the loss as it was before
+# the floors that keep a solved policy solved (learners.advantage_std_floor, value_scale_floor).
 DEFAULTS = "a3c-defaults"
 OPTIONAL = {"a3c-threads": {"actors__mode": "thread"},
-            "a3c-state-std": {"model__state_dependent_std": True}, DEFAULTS: {}}
+            "a3c-state-std": {"model__state_dependent_std": True}, DEFAULTS: {},
+            "a3c-no-floors": {"learners__advantage_std_floor": 0.0, "learners__value_scale_floor": 0.0}}
 # The shipped config with one of its parts switched off or changed (--ablation): each
-# normalization, the clip, the learning-rate decay, and V-trace's lambda below 1.
+# normalization, the clip, the learning-rate decay, V-trace's lambda below 1, and each floor.
 ABLATIONS = {
     "no-obs-norm": {"model__normalize_obs": False},
     "no-popart": {"model__normalize_value": False},
@@ -73,8 +81,13 @@ ABLATIONS = {
     "no-clip": {"learners__clip_coef": None},
     "constant-lr": {"optim__lr_schedule": "constant"},
     "lambda-0.95": {"vtrace__td_lambda": 0.95},
+    "no-adv-floor": {"learners__advantage_std_floor": 0.0},
+    "no-value-floor": {"learners__value_scale_floor": 0.0},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS}
+# --stability: whether a solved policy stays solved, on the tasks that solve well before
+# the end of their budgets.
+STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
 
 
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
@@ -89,6 +102,7 @@ class Result:
     start: float = field(default_factory=time.perf_counter)
     window: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     hit: tuple[float, int] | None = None  # (wall seconds from launch, env steps)
+    lowest: float = float("nan")  # the lowest last-100 mean from the first hit on
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
@@ -96,8 +110,13 @@ class Result:
 
     def episode(self, step: int, ret: float) -> None:
         self.window.append(ret)
-        if self.hit is None and len(self.window) == WINDOW and np.mean(self.window) >= self.threshold:
-            self.hit = (time.perf_counter() - self.start, step)
+        if len(self.window) < WINDOW:
+            return
+        mean = float(np.mean(self.window))
+        if self.hit is None and mean >= self.threshold:
+            self.hit, self.lowest = (time.perf_counter() - self.start, step), mean
+        if self.hit is not None:
+            self.lowest = min(self.lowest, mean)
 
     def finish(self, steps: int) -> Result:
         self.wall, self.steps = time.perf_counter() - self.start, steps
@@ -195,22 +214,34 @@ def fmt_hit(r: Result) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", choices=list(TASKS),
-                        default=[name for name, task in TASKS.items() if task.config],
-                        help="default: the tasks with a shipped config")
-    parser.add_argument("--seeds", type=int, nargs="+", help="default: 5 for CartPole, 3 otherwise")
+                        help="default: the tasks with a shipped config "
+                             f"({' '.join(STABILITY_TASKS)} with --stability)")
+    parser.add_argument("--seeds", type=int, nargs="+",
+                        help="default: 5 for CartPole, 3 otherwise (3 for all with --stability)")
     parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "ppo"],
-                        help=f"default: {' '.join([*A3C_VARIANTS, 'ppo'])}")
+                        help=f"default: {' '.join([*A3C_VARIANTS, 'ppo'])} (a3c with --stability)")
     parser.add_argument("--ablation", action="store_true",
                         help=f"run a3c and its ablations instead: {' '.join(ABLATIONS)}")
+    parser.add_argument("--stability", action="store_true",
+                        help="does a solved policy stay solved: a3c on the tasks above for "
+                             "--budget-scale (10) times their budgets, 3 seeds each")
+    parser.add_argument("--budget-scale", type=float,
+                        help="train for this many times each task's budget (default: 1; 10 with --stability)")
     args = parser.parse_args()
-    args.only = args.only or (["a3c", *ABLATIONS] if args.ablation else [*A3C_VARIANTS, "ppo"])
+    args.tasks = args.tasks or (STABILITY_TASKS if args.stability
+                                else [name for name, task in TASKS.items() if task.config])
+    args.only = args.only or (["a3c"] if args.stability else
+                              ["a3c", *ABLATIONS] if args.ablation else [*A3C_VARIANTS, "ppo"])
+    scale = args.budget_scale or (10.0 if args.stability else 1.0)
+    if args.stability and not args.seeds:
+        args.seeds = [1, 2, 3]
     if "ppo" in args.only and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", "rl_zoo3")):
         print("ppo: stable-baselines3 or rl_zoo3 is not installed (pip install -e '.[bench]'), skipped")
         args.only.remove("ppo")
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
-        task, budget = TASKS[name], budget_of(TASKS[name])
+        task, budget = TASKS[name], int(budget_of(TASKS[name]) * scale)
         if task.requires and not importlib.util.find_spec(task.requires):
             print(f"\n{task.env_id}: {task.requires} is not installed "
                   "(pip install -e '.[bench]'), skipped")
@@ -222,9 +253,9 @@ def main() -> None:
                      else run_a3c(task, seed, budget, VARIANTS[method], defaults=method == DEFAULTS))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
-                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; final {r.final:7.1f} "
-                      f"({'solved' if r.solved else 'NOT solved'}); {r.steps / r.wall:6.0f} steps/s{extra}",
-                      flush=True)
+                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f}; "
+                      f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
+                      f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
     print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
     print(f"{'task':9} {'method':12} {'reached':>7} {'ends solved':>11} {'wall s':>7} {'steps':>8} "
           f"{'final':>7} {'steps/s':>8} {'busy':>5} {'replay':>6} {'reuse':>5}")
@@ -237,6 +268,16 @@ def main() -> None:
               f"{med([h[0] for h in hits]):7.1f} {med([h[1] for h in hits]):8.0f} "
               f"{med([r.final for r in rows]):7.1f} {med([r.steps / r.wall for r in rows]):8.0f} "
               f"{extra[0]:5.2f} {extra[1]:6.2f} {extra[2]:5.1f}")
+    if scale != 1:
+        print(f"\nholding the threshold, {scale:g}x the budgets: the lowest last-100 mean from the "
+              "first time it reached the threshold to the end (held: never below the threshold again)")
+        print(f"{'task':11} {'method':14} {'reached':>7} {'held':>5}  {'lowest, per seed':28} "
+              "final, per seed")
+        per_seed = lambda xs: " ".join(f"{x:8.1f}" for x in xs)  # noqa: E731
+        for (name, method), rows in table.items():
+            reached, held = sum(bool(r.hit) for r in rows), sum(r.lowest >= r.threshold for r in rows)
+            print(f"{name:11} {method:14} {reached:>5}/{len(rows)} {held:>3}/{len(rows)}  "
+                  f"{per_seed(r.lowest for r in rows):28} {per_seed(r.final for r in rows)}")
     for (name, method), rows in table.items():
         if rows[0].cores:
             print(f"{name} {method}: cores busy, median over seeds: " + ", ".join(
