@@ -87,6 +87,10 @@ class A3C:
         """Train for `total_timesteps` more env steps (default: the config's)."""
         more = total_timesteps if total_timesteps is not None else self.config.total_timesteps
         cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + int(more))
+        if cfg.actors.mode == "ray":
+            from .remote import check_cluster
+
+            check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")

@@ -364,6 +364,16 @@ def test_an_unreachable_ray_address_is_one_line_before_any_run_folder(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_an_unreachable_ray_address_through_the_api_raises_before_any_run_folder(tmp_path):
+    from a3c.remote import ClusterError
+
+    agent = A3C(str(CARTPOLE), actors__mode="ray", ray__address="127.0.0.1:1",
+                logging__run_root=str(tmp_path))
+    with pytest.raises(ClusterError, match="127.0.0.1:1"):
+        agent.learn()
+    assert not list(tmp_path.iterdir())
+
+
 def test_ray_mode_without_ray_installed_names_the_extra(tmp_path):
     code = ("import sys; sys.modules['ray'] = None; from a3c.cli import main; "
             f"main(['train', {str(CARTPOLE)!r}, 'actors.mode=ray', 'logging.run_root={tmp_path}'])")
