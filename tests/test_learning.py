@@ -3,7 +3,7 @@
 its whole budget with no early stop, ends solved (a run that collapses after its first
 peak fails). About 5-30 s per run on 2 cores. Marked slow (about a minute or two each):
 CartPole at a constant learning rate for twice its budget stays solved, with no decay of
-the rate to hold it."""
+the rate to hold it; MinAtar Breakout's config reaches the MinAtar paper's DQN return."""
 from collections import deque
 from pathlib import Path
 
@@ -82,3 +82,17 @@ def test_cartpole_at_a_constant_learning_rate_stays_solved(seed, tmp_path):
           f"{lowest:.1f} (step {low_step}); final {curve[-1][1]:.1f}")
     assert lowest >= 400, f"seed {seed}: fell to a last-{WINDOW} mean of {lowest:.1f} at step {low_step}"
     assert curve[-1][1] >= TASKS["cartpole"], f"seed {seed}: ended at {curve[-1][1]:.1f}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_minatar_breakout_reaches_the_papers_dqn_return(seed, tmp_path):
+    """configs/minatar_breakout.yaml reaches a last-100 mean of 10 (about the MinAtar paper's
+    DQN at 5 M frames) within its budget; about 1 to 5 minutes a seed on 2 cores."""
+    pytest.importorskip("minatar", reason="MinAtar is not installed (pip install -e '.[minatar]')")
+    episodes, agent = train("minatar_breakout", seed, tmp_path, target_return=10.0)
+    reached = next(((step, mean) for step, mean in means(episodes) if mean >= 10.0), None)
+    best = max((mean for _, mean in means(episodes)), default=float("nan"))
+    print(f"\nminatar_breakout seed {seed}: {agent.num_timesteps} env steps; "
+          + (f"reached {reached[1]:.1f} at step {reached[0]}" if reached else f"best {best:.1f}"))
+    assert reached is not None, f"seed {seed}: best last-{WINDOW} mean {best:.1f} < 10"
