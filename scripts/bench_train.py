@@ -21,6 +21,8 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks cartpole acrobot --only a3c a3c-threads
     python scripts/bench_train.py --tasks pendulum lunarlander --only a3c-defaults ppo
     python scripts/bench_train.py --stability               # about 2 hours on 2 cores
+    python scripts/bench_train.py --tasks breakout invaders --only a3c ppo ppo-cnn  # hours
+    python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
 """
 from __future__ import annotations
 
@@ -47,6 +49,10 @@ class Task:
     seeds: tuple[int, ...]
     budget: int | None = None  # None: the config's total_timesteps
     requires: str | None = None  # module the environment needs, or the task is skipped
+    extra: str = "bench"  # the extra of pyproject.toml that installs it
+    ppo: dict | None = None  # SB3's hyperparameters (None: the RL Zoo's PPO ones for env_id), and
+    # then SB3 steps the config's environment (its env section: imports, wrappers), not env_id's
+    suite: bool = True  # run when --tasks is not given
 
 
 TASKS = {
@@ -56,6 +62,37 @@ TASKS = {
     # A task no config was tuned on: what a user gets who sets only env.id.
     "lunarlander": Task("LunarLander-v3", None, 200.0, (1, 2, 3), 1_000_000, requires="Box2D"),
 }
+# MinAtar (Young and Tian 2019, arXiv:1903.03176): 10x10xC grids, no frame skip (a frame
+# is an env step), sticky actions 0.1, the minimal action set (-v1). The RL Zoo has no
+# MinAtar entry: SB3 PPO gets the zoo's Atari hyperparameters (hyperparams/ppo.yml,
+# `atari`) without its AtariWrapper and frame stack, which are for 210x160 RGB frames (a
+# MinAtar grid has no frames to skip or pool, its rewards are +1 already, and its trail
+# channels show motion, so the paper stacks no frames either), and with MlpPolicy, or the
+# paper's CNN (method ppo-cnn), in place of CnnPolicy, whose NatureCNN needs 36x36 images.
+MINATAR_PPO = {"n_envs": 8, "n_steps": 128, "n_epochs": 4, "batch_size": 256,
+               "learning_rate": "lin_2.5e-4", "clip_range": "lin_0.1", "vf_coef": 0.5,
+               "ent_coef": 0.01, "policy": "MlpPolicy"}
+# SB3 PPO; ppo-cnn: with the MinAtar paper's CNN (MinAtar only); recurrent-ppo: sb3-contrib's
+# RecurrentPPO (tasks whose SB3 hyperparameters name an LSTM policy).
+PPO_METHODS = ("ppo", "ppo-cnn", "recurrent-ppo")
+# Thresholds: the return the paper's DQN ends its 5 M frames at (average over its final
+# 100 episodes, 30 runs, best step size: about 10 on Breakout, 45 on Space Invaders).
+# Hours per run: the MinAtar tasks run only when named (--tasks breakout invaders).
+MINATAR = {"requires": "minatar", "extra": "minatar", "ppo": MINATAR_PPO, "suite": False}
+TASKS["breakout"] = Task("MinAtar/Breakout-v1", "configs/minatar_breakout.yaml", 10.0, (1, 2, 3), **MINATAR)
+TASKS["invaders"] = Task("MinAtar/SpaceInvaders-v1", "configs/minatar_space_invaders.yaml", 45.0, (1, 2, 3),
+                         **MINATAR)
+# CartPole without its velocities (RL Zoo's CartPoleNoVel-v1, here CartPole-v1 through the
+# config's KeepObservation wrapper) against sb3-contrib's RecurrentPPO with the RL Zoo's
+# hyperparameters for it (hyperparams/ppo_lstm.yml; VecNormalize on observations only).
+# 450: the threshold of the config's learning test. Run only when named (--tasks novel).
+RECURRENT_PPO = {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98,
+                 "n_epochs": 20, "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
+                 "normalize": {"norm_obs": True, "norm_reward": False}, "policy": "MlpLstmPolicy",
+                 "policy_kwargs": {"ortho_init": False, "activation_fn": "ReLU", "lstm_hidden_size": 64,
+                                   "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}}}
+TASKS["novel"] = Task("CartPoleNoVel", "configs/cartpole_novel.yaml", 450.0, (1, 2, 3), ppo=RECURRENT_PPO,
+                      suite=False)
 
 # This trainer's variants: the shipped config, and the same with one pass over each
 # fragment (IMPALA's diet), and with that single pass topped up from the replay buffer.
@@ -71,7 +108,8 @@ A3C_VARIANTS = {
 DEFAULTS = "a3c-defaults"
 OPTIONAL = {"a3c-threads": {"actors__mode": "thread"},
             "a3c-state-std": {"model__state_dependent_std": True}, DEFAULTS: {},
-            "a3c-no-floors": {"learners__advantage_std_floor": 0.0, "learners__value_scale_floor": 0.0}}
+            "a3c-no-floors": {"learners__advantage_std_floor": 0.0, "learners__value_scale_floor": 0.0},
+            "a3c-no-lstm": {"model__lstm": 0}}  # what the recurrent core costs and brings
 # The shipped config with one of its parts switched off or changed (--ablation): each
 # normalization, the clip, the learning-rate decay, V-trace's lambda below 1, and each floor.
 ABLATIONS = {
@@ -106,6 +144,7 @@ class Result:
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
+    highs: list = field(default_factory=list)  # (wall s, env steps, last-100 mean) at each new high
     cores: dict = field(default_factory=dict)  # cores busy per part of this trainer
 
     def episode(self, step: int, ret: float) -> None:
@@ -113,6 +152,8 @@ class Result:
         if len(self.window) < WINDOW:
             return
         mean = float(np.mean(self.window))
+        if not self.highs or mean > self.highs[-1][2]:
+            self.highs.append((time.perf_counter() - self.start, step, mean))
         if self.hit is None and mean >= self.threshold:
             self.hit, self.lowest = (time.perf_counter() - self.start, step), mean
         if self.hit is not None:
@@ -121,6 +162,10 @@ class Result:
     def finish(self, steps: int) -> Result:
         self.wall, self.steps = time.perf_counter() - self.start, steps
         return self
+
+    def reached(self, value: float) -> tuple[float, int] | None:
+        """(wall seconds from launch, env steps) when the last-100 mean first reached value."""
+        return next(((t, steps) for t, steps, mean in self.highs if mean >= value), None)
 
     @property
     def final(self) -> float:
@@ -165,7 +210,10 @@ def zoo_hyperparams(env_id: str) -> dict:
     return dict(yaml.safe_load(path.read_text())[env_id])
 
 
-def run_ppo(task: Task, seed: int, budget: int) -> Result:
+def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo") -> Result:
+    """SB3 PPO: `ppo` with the task's hyperparameters; `ppo-cnn` the same with the
+    MinAtar paper's CNN as its features extractor (scripts/minatar_cnn.py); `recurrent-ppo`
+    sb3-contrib's RecurrentPPO."""
     import torch
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
@@ -187,15 +235,38 @@ def run_ppo(task: Task, seed: int, budget: int) -> Result:
             return lambda progress: progress * start
         return value
 
-    hp = zoo_hyperparams(task.env_id)
-    hp.pop("n_timesteps")  # the budget is the same for every method
-    if "policy_kwargs" in hp:
+    hp = dict(task.ppo) if task.ppo else zoo_hyperparams(task.env_id)
+    hp.pop("n_timesteps", None)  # the budget is the same for every method
+    if "policy_kwargs" in hp and not task.ppo:
         raise SystemExit(f"{task.env_id}: the zoo's policy_kwargs are not translated here")
     n_envs, normalize, policy = hp.pop("n_envs", 1), hp.pop("normalize", False), hp.pop("policy")
+    if (method == "recurrent-ppo") != policy.endswith("LstmPolicy"):
+        raise SystemExit(f"{task.env_id}: its SB3 policy is {policy}; use --only "
+                         + ("recurrent-ppo" if policy.endswith("LstmPolicy") else "ppo"))
+    if "policy_kwargs" in hp:
+        kwargs = dict(hp["policy_kwargs"])
+        if "activation_fn" in kwargs:
+            kwargs["activation_fn"] = getattr(torch.nn, kwargs["activation_fn"])
+        hp["policy_kwargs"] = kwargs
+    if method == "ppo-cnn":
+        from minatar_cnn import MinAtarCNN  # scripts/minatar_cnn.py
+
+        # The heads on the CNN's 128 features, shared, as this trainer's are.
+        hp["policy_kwargs"] = {"features_extractor_class": MinAtarCNN, "net_arch": []}
+    if method == "recurrent-ppo":
+        from sb3_contrib import RecurrentPPO as PPO  # noqa: N814
     result = Result(task.threshold)
-    env = make_vec_env(task.env_id, n_envs=n_envs, seed=seed)
+    if task.ppo:  # the environment the config makes, with its imports and wrappers
+        from a3c.config import load_config
+        from a3c.envs import make_env
+
+        cfg = load_config(ROOT / task.config).env
+        env = make_vec_env(lambda: make_env(cfg), n_envs=n_envs, seed=seed)
+    else:
+        env = make_vec_env(task.env_id, n_envs=n_envs, seed=seed)
     if normalize:
-        env = VecNormalize(env, gamma=hp.get("gamma", 0.99))
+        options = normalize if isinstance(normalize, dict) else {}  # e.g. norm_reward: false
+        env = VecNormalize(env, gamma=hp.get("gamma", 0.99), **options)
     model = PPO(policy, env, seed=seed, device="cpu", **{k: schedule(v) for k, v in hp.items()})
     model.learn(budget, callback=Episodes())
     return result.finish(model.num_timesteps)
@@ -218,7 +289,7 @@ def main() -> None:
                              f"({' '.join(STABILITY_TASKS)} with --stability)")
     parser.add_argument("--seeds", type=int, nargs="+",
                         help="default: 5 for CartPole, 3 otherwise (3 for all with --stability)")
-    parser.add_argument("--only", nargs="+", choices=[*VARIANTS, "ppo"],
+    parser.add_argument("--only", nargs="+", choices=[*VARIANTS, *PPO_METHODS],
                         help=f"default: {' '.join([*A3C_VARIANTS, 'ppo'])} (a3c with --stability)")
     parser.add_argument("--ablation", action="store_true",
                         help=f"run a3c and its ablations instead: {' '.join(ABLATIONS)}")
@@ -229,27 +300,31 @@ def main() -> None:
                         help="train for this many times each task's budget (default: 1; 10 with --stability)")
     args = parser.parse_args()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
-                                else [name for name, task in TASKS.items() if task.config])
+                                else [name for name, task in TASKS.items() if task.config and task.suite])
     args.only = args.only or (["a3c"] if args.stability else
                               ["a3c", *ABLATIONS] if args.ablation else [*A3C_VARIANTS, "ppo"])
     scale = args.budget_scale or (10.0 if args.stability else 1.0)
     if args.stability and not args.seeds:
         args.seeds = [1, 2, 3]
-    if "ppo" in args.only and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", "rl_zoo3")):
-        print("ppo: stable-baselines3 or rl_zoo3 is not installed (pip install -e '.[bench]'), skipped")
-        args.only.remove("ppo")
+    sb3 = [m for m in args.only if m in PPO_METHODS]
+    zoo = ("rl_zoo3",) if any(not TASKS[name].ppo for name in args.tasks) else ()  # reads its ppo.yml
+    contrib = ("sb3_contrib",) if "recurrent-ppo" in sb3 else ()
+    if sb3 and not all(importlib.util.find_spec(m) for m in ("stable_baselines3", *zoo, *contrib)):
+        print(f"{' '.join(sb3)}: stable-baselines3, sb3-contrib or rl_zoo3 is not installed "
+              "(pip install -e '.[bench]'), skipped")
+        args.only = [m for m in args.only if m not in PPO_METHODS]
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
         task, budget = TASKS[name], int(budget_of(TASKS[name]) * scale)
         if task.requires and not importlib.util.find_spec(task.requires):
             print(f"\n{task.env_id}: {task.requires} is not installed "
-                  "(pip install -e '.[bench]'), skipped")
+                  f"(pip install -e '.[{task.extra}]'), skipped")
             continue
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
-                r = (run_ppo(task, seed, budget) if method == "ppo"
+                r = (run_ppo(task, seed, budget, method) if method in PPO_METHODS
                      else run_a3c(task, seed, budget, VARIANTS[method], defaults=method == DEFAULTS))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
@@ -284,10 +359,22 @@ def main() -> None:
                 f"{label} {statistics.median(r.cores[part] for r in rows):.2f}"
                 for part, label in PARTS.items()))
     for (name, method), rows in table.items():
-        ppo = table.get((name, "ppo"))
-        if method in ("a3c", DEFAULTS) and ppo and all(r.hit for r in rows + ppo):
-            ratio = statistics.median(r.hit[0] for r in rows) / statistics.median(r.hit[0] for r in ppo)
-            print(f"{name}: {method} wall to threshold / SB3 PPO's = {ratio:.2f}")
+        for baseline in PPO_METHODS:
+            ppo = table.get((name, baseline))
+            if method not in ("a3c", DEFAULTS) or not ppo:
+                continue
+            if all(r.hit for r in rows + ppo):
+                ratio = statistics.median(r.hit[0] for r in rows) / statistics.median(r.hit[0] for r in ppo)
+                print(f"{name}: {method} wall to threshold / SB3 {baseline}'s = {ratio:.2f}")
+            if TASKS[name].ppo:  # MinAtar: when this trainer reaches the return PPO ends its budget at
+                target = statistics.median(r.final for r in ppo)
+                wall = statistics.median(r.wall for r in ppo)
+                times = [t for t, _ in filter(None, (r.reached(target) for r in rows))]
+                print(f"{name}: {method} reaches SB3 {baseline}'s median final return {target:.1f} on "
+                      f"{len(times)}/{len(rows)} seeds" + (
+                          f", median {statistics.median(times):.0f} s against {baseline}'s {wall:.0f} s "
+                          f"for its budget: {statistics.median(times) / wall:.2f} of its wall time"
+                          if times else ""))
 
 
 if __name__ == "__main__":
