@@ -38,7 +38,8 @@ from .envs import env_action, make_vector_env
 from .model import WeightCopy
 from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
-__all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "fragment_dtype", "run_actor"]
+__all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "end_with_parent", "fragment_dtype",
+           "run_actor"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
@@ -158,7 +159,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         # forked actor also inherits the command line's SIGTERM handler: back to default.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        _end_with_parent()
+        end_with_parent()
         torch.set_num_threads(1)
     envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
     try:
@@ -191,11 +192,11 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         counters.add("actor_queue_s", done_at - before_put)
 
 
-def _end_with_parent() -> None:
+def end_with_parent() -> None:
     """Have the kernel send this process SIGTERM when its parent ends (Linux's
     PR_SET_PDEATHSIG), however it ends: a trainer killed with SIGKILL, or whose SIGTERM
-    handler never ran, cannot stop its actors, and without this they would wait on the
-    queue forever. The parent is the trainer, or for a restarted actor the fork server,
+    handler never ran, cannot stop its actors (or learner processes), and without this
+    they would wait on the queue forever. The parent is the trainer, or for a restarted actor the fork server,
     which ends with the trainer."""
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)

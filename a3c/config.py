@@ -88,7 +88,9 @@ class ActorsConfig:
 
 @dataclass
 class LearnersConfig:
-    num: int = _f(1, "learner threads (Hogwild)", ge=1)
+    mode: str = _f("thread", "how learners run: threads of the trainer, or processes (one GIL each; "
+                   "the model and optimizer statistics in shared memory)", choices=("thread", "process"))
+    num: int = _f(1, "learners (Hogwild threads or processes, learners.mode)", ge=1)
     batch_size: int = _f(32, "fragments per update (B)", ge=1)
     gamma: float = _f(0.99, "discount factor", ge=0, le=1)
     ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)

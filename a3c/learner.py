@@ -1,19 +1,21 @@
 """Learners: pop batches of fragments, compute the V-trace actor-critic loss, and apply
 lock-free (Hogwild) updates to the shared model.
 
-`compute_loss` is a pure function of a model and a batch; `run_learner` is the thread
-loop around it: a `BatchSource` gets the next batch (fresh, or replayed), an `Updater`
-trains on it.
+`compute_loss` is a pure function of a model and a batch; `run_learner` is the loop
+around it, the same for learner threads and learner processes (`learners.mode`): a
+`BatchSource` gets the next batch (fresh, or replayed), an `Updater` trains on it. What a
+learner reports goes through shared memory (the counters, and a queue of STEP_DTYPE
+records for the monitor), so it does not matter which process it runs in.
 """
 from __future__ import annotations
 
 import copy
 import queue
+import signal
 import threading
 import time
 import weakref
-from collections import deque
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -21,14 +23,15 @@ import torch
 from replay import ArrayQueue, Closed, Counters, ReplayBuffer
 
 from . import vtrace
+from .actor import end_with_parent
 from .config import Config
 from .model import WeightCopy
 from .optim import SharedOptimizer
 from .spaces import Obs, obs_to_torch, tree_map
 
-__all__ = ["Batch", "BatchSource", "Loss", "LossStats", "LearnerStep", "Updater",
+__all__ = ["Batch", "BatchSource", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
            "batch_from_fragments", "compute_loss", "evaluate_batch", "replay_buffer", "run_learner",
-           "statistics_lock"]
+           "start_learners", "statistics_lock", "step_queue"]
 
 
 class Batch(NamedTuple):
@@ -187,20 +190,24 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
     return (advantages - advantages.mean()) / (std + 1e-8)
 
 
-class LearnerStep(NamedTuple):
-    """What one gradient step reports to the monitor."""
-
-    loss: LossStats
-    lag_mean: float  # policy versions between the actor's policy and the learner's
-    lag_max: int
-    lr: float
-    replayed: bool  # the batch came from the replay buffer, not the queue
+# What one gradient step reports to the monitor: the losses, the policy lag (policy
+# versions between the actor's policy and the learner's), the learning rate, and whether
+# the batch came from the replay buffer rather than the queue.
+STEP_DTYPE = np.dtype([("policy", "f4"), ("value", "f4"), ("entropy", "f4"), ("clip_fraction", "f4"),
+                       ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"), ("replayed", "?")])
 
 
-def statistics_lock(shared: torch.nn.Module) -> threading.Lock:
+def step_queue(capacity: int = 8192) -> ArrayQueue:
+    """The learners' reports to the monitor. When the monitor falls behind, a full
+    queue drops new reports rather than slow a learner: the charts are means."""
+    return ArrayQueue(capacity, STEP_DTYPE)
+
+
+def statistics_lock(shared: torch.nn.Module):
     """The lock that serialises updates of `shared`'s running statistics (observation
     normalizer, PopArt): one per shared model, so that every learner thread of the model
-    takes the same one, however it was started."""
+    takes the same one, however it was started. Learner processes get theirs from the
+    trainer (a multiprocessing lock, run_learner's `lock`)."""
     with _LOCKS_GUARD:
         return _STATISTICS_LOCKS.setdefault(shared, threading.Lock())
 
@@ -259,10 +266,10 @@ class Updater:
     `learners.minibatches` parts, each a gradient step computed on this learner's copy
     of the model (refreshed from the shared parameters first) and handed to the shared
     optimizer. A fresh batch also updates the running statistics, under the model's
-    statistics lock."""
+    statistics lock (`lock`, or `statistics_lock(shared)`)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                 counters: Counters, stats: deque):
+                 counters: Counters, stats: ArrayQueue, lock=None):
         self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
         self.device = torch.device(cfg.learners.device)
         self.local = copy.deepcopy(shared).to(self.device)
@@ -271,7 +278,9 @@ class Updater:
         self.shared_params = [p for p in shared.parameters() if p.requires_grad]
         self.obs_norm = getattr(shared, "obs_norm", None)
         self.popart = getattr(shared, "popart", None)
-        self.lock = statistics_lock(shared)
+        self.lock = lock if lock is not None else statistics_lock(shared)
+        steps = cfg.learners.epochs * cfg.learners.minibatches
+        self.reports = np.zeros(steps, STEP_DTYPE)  # this batch's, handed over at its end
 
     def train(self, records: np.ndarray, is_fresh: bool) -> None:
         cfg, counters, local = self.cfg, self.counters, self.local
@@ -280,6 +289,7 @@ class Updater:
         if is_fresh and self.obs_norm is not None:
             with self.lock:
                 self.obs_norm.update(batch.obs)
+        reported = 0
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):
                 self.copy_weights()
@@ -302,19 +312,34 @@ class Updater:
                 counters.add("updates")
                 counters.add("policy_version")
                 lag = version - part.version  # learner version minus the version that acted
-                self.stats.append(LearnerStep(loss_stats, float(lag.float().mean()), int(lag.max()),
-                                              self.optimizer.lr, not is_fresh))
+                self.reports[reported] = (*loss_stats, float(lag.float().mean()), int(lag.max()),
+                                          self.optimizer.lr, not is_fresh)
+                reported += 1
         counters.add("learner_update_s", time.perf_counter() - started)
+        if reported:
+            try:
+                self.stats.put_many(self.reports[:reported], block=False)
+            except (queue.Full, Closed):
+                pass  # the monitor is behind, or the run is ending: reports are not data
 
 
 def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                fragments: ArrayQueue, counters: Counters, stats: deque,
-                stop: threading.Event, replay: ReplayBuffer | None = None) -> None:
-    """Update the shared model from batches until `stop` is set or the queue closes: the
-    thread loop of a `BatchSource` feeding an `Updater`. Several learner threads of one
-    model share its statistics lock (`statistics_lock`)."""
+                fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
+                stop, replay: ReplayBuffer | None = None, lock=None,
+                in_process: bool = False) -> None:
+    """Update the shared model from batches until `stop` (a threading or multiprocessing
+    Event) is set or the queue closes: the loop of a `BatchSource` feeding an `Updater`,
+    in a thread of the trainer or, `in_process`, in a learner process of its own. Learners
+    of one model share its statistics lock: `statistics_lock` for threads, `lock` (a
+    multiprocessing lock) for processes."""
+    if in_process:
+        # As for actor processes: the trainer decides how to stop, and its end is theirs.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        end_with_parent()
+        torch.set_num_threads(1)
     source = BatchSource(cfg, fragments, replay, counters)
-    updater = Updater(cfg, shared, optimizer, counters, stats)
+    updater = Updater(cfg, shared, optimizer, counters, stats, lock)
     while not stop.is_set():
         try:
             got = source.next()
@@ -322,6 +347,38 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
             return
         if got is not None:
             updater.train(*got)
+
+
+class Learners(NamedTuple):
+    """Started learners: setting `stop` (and closing the queue) ends them."""
+
+    stop: threading.Event | Any  # a multiprocessing Event for processes
+    workers: list  # threads or processes
+    # Processes: their statistics lock. Held here while they run, since a process from the
+    # fork server opens it by name after start() has dropped its arguments.
+    lock: Any = None
+
+
+def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
+                   fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
+                   replay: ReplayBuffer | None, context) -> Learners:
+    """Start `learners.num` learners of `learners.mode` on the shared model. Processes
+    come from the multiprocessing `context` and share one lock of it for the model's
+    running statistics; the model and the optimizer statistics must be in shared memory."""
+    args = (cfg, shared, optimizer, fragments, counters, stats)
+    if cfg.learners.mode == "thread":
+        stop = threading.Event()
+        learners = Learners(stop, [threading.Thread(target=run_learner, name=f"a3c-learner-{i}",
+                                                    daemon=True, args=(*args, stop, replay))
+                                   for i in range(cfg.learners.num)])
+    else:
+        stop, lock = context.Event(), context.Lock()
+        learners = Learners(stop, [context.Process(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
+                                                   args=(*args, stop, replay, lock, True))
+                                   for i in range(cfg.learners.num)], lock)
+    for worker in learners.workers:
+        worker.start()
+    return learners
 
 
 def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:

@@ -73,7 +73,7 @@ class Monitor(threading.Thread):
     pump's ray/ tags)."""
 
     def __init__(self, sink: Sink, counters: Counters, fragments: ArrayQueue,
-                 episodes: ArrayQueue, learner_stats: deque, interval_s: float,
+                 episodes: ArrayQueue, learner_stats: ArrayQueue, interval_s: float,
                  total_timesteps: int, progress: bool,
                  gauges: Callable[[], dict[str, float]] | None = None):
         super().__init__(name="a3c-monitor", daemon=True)
@@ -154,20 +154,27 @@ class Monitor(threading.Thread):
         gets = counts["queue_gets"] - before["queue_gets"]
         if gets:  # replayed fragments per fresh fragment over the interval
             scalar("replay/ratio", (counts["replayed"] - before["replayed"]) / gets, step)
-        steps = [self.learner_stats.popleft() for _ in range(len(self.learner_stats))]
-        if steps:
-            scalar("losses/policy", np.mean([s.loss.policy for s in steps]), step)
-            scalar("losses/value", np.mean([s.loss.value for s in steps]), step)
-            scalar("losses/entropy", np.mean([s.loss.entropy for s in steps]), step)
-            scalar("losses/clip_fraction", np.mean([s.loss.clip_fraction for s in steps]), step)
-            scalar("policy_lag/mean", np.mean([s.lag_mean for s in steps]), step)
-            scalar("policy_lag/max", max(s.lag_max for s in steps), step)
-            scalar("charts/learning_rate", steps[-1].lr, step)
-            replayed = [s.lag_mean for s in steps if s.replayed]
-            if replayed:  # in policy versions (updates) since the replayed data was acted
-                scalar("replay/age_mean", np.mean(replayed), step)
+        steps = self._learner_steps()  # STEP_DTYPE records (a3c.learner)
+        if len(steps):
+            for name in ("policy", "value", "entropy", "clip_fraction"):
+                scalar(f"losses/{name}", float(steps[name].mean()), step)
+            scalar("policy_lag/mean", float(steps["lag_mean"].mean()), step)
+            scalar("policy_lag/max", int(steps["lag_max"].max()), step)
+            scalar("charts/learning_rate", float(steps["lr"][-1]), step)
+            replayed = steps["lag_mean"][steps["replayed"]]
+            if len(replayed):  # in policy versions (updates) since the replayed data was acted
+                scalar("replay/age_mean", float(replayed.mean()), step)
         self.sink.flush()
         self._last = (now, counts)
+
+    def _learner_steps(self) -> np.ndarray:
+        """The gradient steps the learners reported since the last write."""
+        parts = []
+        while True:
+            try:
+                parts.append(self.learner_stats.get_many(4096, block=False))
+            except (queue.Empty, Closed):
+                return np.concatenate(parts) if parts else np.zeros(0, self.learner_stats.dtype)
 
     def _progress(self) -> None:
         if self._bar is None:

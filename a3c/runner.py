@@ -1,10 +1,14 @@
 """The runner: wires actors, the queue, learners and the monitor, supervises them, and
 shuts everything down (also on Ctrl-C) leaving no process, thread or shared memory.
 
-    actors (processes or threads) --put_many--> ArrayQueue --get_many--> learner threads
+    actors (processes or threads) --put_many--> ArrayQueue --get_many--> learners
          |  read weights once per fragment                    |  Hogwild updates
          +------------------ shared model <-------------------+
-    counters (shared memory) ---> monitor thread ---> TensorBoard, progress bar
+    counters, learner reports (shared memory) ---> monitor thread ---> TensorBoard, progress bar
+
+Learners are threads of this process or, with `learners.mode: process`, processes of their
+own, one GIL each: the model's parameters and statistics and the optimizer's statistics
+live in shared memory, so the same Hogwild updates land in the same tensors either way.
 
 With `actors.mode: ray` the actors run on a Ray cluster and a pump thread puts what they
 return into the same queue (a3c.remote); the learners do not know the difference.
@@ -16,7 +20,6 @@ import dataclasses
 import multiprocessing as mp
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,7 +31,7 @@ from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
-from .learner import replay_buffer, run_learner
+from .learner import Learners, replay_buffer, start_learners, step_queue
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
@@ -117,6 +120,7 @@ class Trainer:
         self._sink = sink
         self.saved = False  # whether the final checkpoint was written
         self._actors: list = []
+        self.learners: Learners | None = None  # once train() started them
         self._restarts = [0] * cfg.actors.num
         self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
 
@@ -135,12 +139,8 @@ class Trainer:
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
         self.replay = replay_buffer(cfg, dtype)
-        learner_stats: deque = deque(maxlen=10_000)
-        stop = threading.Event()
-        learners = [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
-                                     args=(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, learner_stats, stop, self.replay))
-                    for i in range(cfg.learners.num)]
+        learner_stats = self.learner_stats = step_queue()
+        stop, learners = threading.Event(), []
         sink = monitor = None
         try:
             if cfg.actors.mode == "ray":
@@ -148,14 +148,17 @@ class Trainer:
             else:
                 # Actors first: while this process runs one thread they can be forked directly.
                 self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+            # Learner processes come from where actor processes do: a fork while this
+            # process runs one thread, else the fork server.
+            self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
+                                           self.counters, learner_stats, self.replay, _context())
+            stop, learners = self.learners.stop, self.learners.workers
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
                 sink, self.counters, self.fragments, self.episodes, learner_stats,
                 cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,
                 gauges=self._pump.gauges if self._pump is not None else None)
-            for learner in learners:
-                learner.start()
             monitor.start()
             self._supervise(stop, learners)
         finally:
@@ -172,6 +175,7 @@ class Trainer:
         with contextlib.ExitStack() as later:  # callbacks run last-registered first
             later.callback(torch.set_num_threads, threads)
             later.callback(self.counters.close)
+            later.callback(self.learner_stats.close)
             later.callback(self.episodes.close)
             if self.replay is not None:
                 later.callback(self.replay.close)
@@ -180,8 +184,13 @@ class Trainer:
             if monitor is not None:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             later.callback(self._stop_actors)
-            for learner in learners:
-                if learner.is_alive():
+            for learner in learners:  # each ends within a batch's update once the queue closes
+                if isinstance(learner, threading.Thread):
+                    learner.join()
+                    continue
+                learner.join(_JOIN_TIMEOUT_S)
+                if learner.is_alive():  # stuck: a checkpoint without its last update is fine
+                    learner.kill()
                     learner.join()
             self.save(latest_checkpoint(self.run_dir))
             self.saved = True
@@ -193,7 +202,7 @@ class Trainer:
             time.sleep(0.05)
             if not all(learner.is_alive() for learner in learners):
                 # Without learners the queue fills and the actors wait forever.
-                raise RuntimeError("a learner thread died; see its error above")
+                raise RuntimeError(f"a learner {self.cfg.learners.mode} died; see its error above")
             if not self.monitor.is_alive():
                 raise RuntimeError("the monitor thread died; see its error above")
             for i, actor in enumerate(self._actors):

@@ -265,12 +265,12 @@ def test_eval_of_a_folder_without_checkpoint_is_a_one_line_error(tmp_path):
 STOP_S = 30  # a stopped run writes its checkpoint and is gone within this
 
 
-def start_a_long_run(run_root):
+def start_a_long_run(run_root, *overrides):
     """A process-mode run with a budget of hours, in a process group of its own, that
     writes a checkpoint every 0.5 s."""
     return subprocess.Popen(
         [*A3C, "train", str(CONFIG), *TINY, "actors.mode=process", "total_timesteps=100000000",
-         "checkpoint.interval_s=0.5", f"logging.run_root={run_root}"],
+         "checkpoint.interval_s=0.5", f"logging.run_root={run_root}", *overrides],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
@@ -286,10 +286,10 @@ def wait_until_it_trains(proc, run_root):
         time.sleep(0.1)
 
 
-def stop_a_long_run(run_root, send):
+def stop_a_long_run(run_root, send, *overrides):
     """Start a long run, wait until it trains, stop it with `send(proc)`; return the run
     folder, the run's stderr, its workers' pids, when it was stopped and how long it took."""
-    proc = start_a_long_run(run_root)
+    proc = start_a_long_run(run_root, *overrides)
     try:
         run_dir = wait_until_it_trains(proc, run_root)
         workers = descendants(proc.pid)
@@ -331,10 +331,12 @@ def test_ctrl_c_stops_the_run_writes_a_checkpoint_and_leaves_nothing_behind(tmp_
     assert counters(run_dir)["env_steps"] > 0
 
 
-def test_sigterm_to_the_trainer_alone_stops_the_run_promptly_with_a_checkpoint_that_loads(tmp_path):
+@pytest.mark.parametrize("learners", ["thread", "process"])
+def test_sigterm_to_the_trainer_alone_stops_the_run_promptly_with_a_checkpoint_that_loads(learners, tmp_path):
     """What `kill`, a job scheduler or `docker stop` sends: SIGTERM to the trainer, not to
-    its workers, which must still all go."""
-    run_dir, stopped_at, took = stop_a_long_run(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM))
+    its workers (actor and learner processes), which must still all go."""
+    run_dir, stopped_at, took = stop_a_long_run(tmp_path, lambda proc: proc.send_signal(signal.SIGTERM),
+                                                f"learners.mode={learners}", "learners.num=2")
     assert took < STOP_S / 2, f"the run took {took:.1f} s to stop"
     assert (run_dir / "checkpoint.pt").stat().st_mtime >= stopped_at
     agent = Agent.load(run_dir)

@@ -1,9 +1,9 @@
 """The learner: the V-trace loss on hand-made batches, batching of fragments, the shared
 optimizers, and the learner loop's handling of partial batches and non-finite losses."""
 import math
+import queue
 import threading
 import time
-from collections import deque
 
 import numpy as np
 import pytest
@@ -15,7 +15,8 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import Batch, batch_from_fragments, compute_loss, replay_buffer, run_learner
+from a3c.learner import (STEP_DTYPE, Batch, batch_from_fragments, compute_loss, replay_buffer, run_learner,
+                         step_queue)
 from a3c.optim import SharedAdam, SharedRMSprop
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
@@ -353,14 +354,24 @@ class LearnerHarness:
         buffer = replay_buffer(cfg, dtype)
         self.replay = RecordingReplay(buffer) if buffer is not None else None
         self.counters = Counters(COUNTERS, TIMERS)
-        self.stats: deque = deque()
+        self.steps = step_queue()
+        self._reported: list[np.ndarray] = []
         self.stop = threading.Event()
         self.threads = [threading.Thread(target=run_learner, args=(cfg, model, self.optimizer, self.fragments,
-                                                                   self.counters, self.stats, self.stop,
+                                                                   self.counters, self.steps, self.stop,
                                                                    self.replay))
                         for _ in range(num)]
         for thread in self.threads:
             thread.start()
+
+    @property
+    def stats(self) -> np.recarray:
+        """The gradient steps the learners reported so far (STEP_DTYPE records)."""
+        while True:
+            try:
+                self._reported.append(self.steps.get_many(1024, block=False))
+            except queue.Empty:
+                return np.concatenate([np.zeros(0, STEP_DTYPE), *self._reported]).view(np.recarray)
 
     def put(self, n, mark=0.5, version=0):
         """n fragments whose observations are all `mark`, acted by policy `version` (an int,
@@ -386,6 +397,7 @@ class LearnerHarness:
             thread.join(10)
         assert not any(thread.is_alive() for thread in self.threads)
         self.counters.close()
+        self.steps.close()
         if self.replay is not None:
             self.replay.buffer.close()
 
@@ -427,7 +439,7 @@ def test_non_finite_loss_is_skipped_counted_and_leaves_parameters_unchanged(harn
     for p, p0 in zip(model.parameters(), before):
         torch.testing.assert_close(p.detach(), p0)
     assert all((t == 0).all() for ts in h.optimizer.state.values() for t in ts)  # no step taken
-    assert not h.stats
+    assert len(h.stats) == 0
 
 
 def test_a_batch_filled_across_queue_timeouts_loses_no_fragment(harnesses):

@@ -139,11 +139,9 @@ def test_normalizer_statistics_are_in_the_state_dict():
 def test_learner_threads_of_one_model_update_its_statistics_one_at_a_time(monkeypatch):
     """run_learner takes the model's statistics lock however it is started: an update
     that pauses midway (as a thread switch could) never overlaps another learner's."""
-    from collections import deque
-
     from a3c.actor import fragment_dtype
     from a3c.config import load_config
-    from a3c.learner import run_learner
+    from a3c.learner import run_learner, step_queue
     from a3c.optim import SharedAdam
     from a3c.runner import COUNTERS, TIMERS
     from replay import ArrayQueue, Counters
@@ -165,10 +163,10 @@ def test_learner_threads_of_one_model_update_its_statistics_one_at_a_time(monkey
 
     monkeypatch.setattr(ObservationNorm, "update", pausing_update)
     fragments = ArrayQueue(64, fragment_dtype(obs_space, action_space, 3))
-    counters, stop = Counters(COUNTERS, TIMERS), threading.Event()
+    counters, stop, steps = Counters(COUNTERS, TIMERS), threading.Event(), step_queue()
     threads = [threading.Thread(target=run_learner,
                                 args=(cfg, model, SharedAdam(model.parameters(), 1e-3), fragments,
-                                      counters, deque(), stop))
+                                      counters, steps, stop))
                for _ in range(3)]
     for thread in threads:
         thread.start()
@@ -181,5 +179,6 @@ def test_learner_threads_of_one_model_update_its_statistics_one_at_a_time(monkey
     for thread in threads:
         thread.join(10)
     counters.close()
+    steps.close()
     assert overlaps == [0] * 12
     assert int(model.obs_norm.count) == 24 * 3

@@ -1,0 +1,184 @@
+"""Learner processes (`learners.mode: process`): Hogwild updates from several processes
+land in the one shared model and its shared optimizer statistics, exactly as the same
+updates made one at a time in this process (the slow reference); and a run with learner
+processes leaves no process and no shared memory after any ending."""
+import copy
+import multiprocessing as mp
+import os
+import signal
+import threading
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from a3c.actor import fragment_dtype
+from a3c.config import load_config
+from a3c.learner import Updater, start_learners, step_queue
+from a3c.model import build_model
+from a3c.optim import SharedAdam
+from a3c.runner import COUNTERS, TIMERS, Trainer
+from replay import ArrayQueue, Counters
+
+from conftest import descendants, running
+from waiting import wait_until
+
+pytestmark = pytest.mark.usefixtures("stop_the_fork_server")
+
+OBS, ACTIONS, T, B = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2), 4, 4
+CFG = load_config({"learners": {"mode": "process", "num": 2, "batch_size": B, "epochs": 2, "minibatches": 1},
+                   "optim": {"lr_schedule": "constant"}, "actors": {"queue_capacity": 64}})
+
+
+def batches(n, seed=0):
+    """n batches of B random fragments, each acted by policy version 0."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, B), fragment_dtype(OBS, ACTIONS, T))
+    out["obs"] = rng.uniform(-1, 1, out["obs"].shape)
+    out["last_obs"] = rng.uniform(-1, 1, out["last_obs"].shape)
+    out["reward"] = rng.normal(size=out["reward"].shape)
+    out["action"] = rng.integers(0, 2, out["action"].shape)
+    out["logp"] = np.log(0.5)
+    return out
+
+
+def tiny_model():
+    torch.manual_seed(0)  # the same weights in the reference and the shared model
+    return build_model(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
+
+
+class Learners:
+    """CFG's learner processes on a shared tiny model, from the `context` given."""
+
+    def __init__(self, context):
+        self.model = tiny_model()
+        self.initial = copy.deepcopy(self.model)
+        self.model.share_memory()
+        self.optimizer = SharedAdam(self.model.parameters(), CFG.optim.lr)
+        self.fragments = ArrayQueue(CFG.actors.queue_capacity, fragment_dtype(OBS, ACTIONS, T))
+        self.counters, self.steps = Counters(COUNTERS, TIMERS), step_queue()
+        self.learners = start_learners(CFG, self.model, self.optimizer, self.fragments,
+                                       self.counters, self.steps, None, context)
+        self.processes = self.learners.workers
+
+    def train(self, batch):
+        updates = self.counters["updates"] + CFG.learners.epochs
+        self.fragments.put_many(batch)
+        wait_until(lambda: self.counters["updates"] >= updates, timeout=60, what="the batch's updates")
+
+    def close(self):
+        self.learners.stop.set()
+        self.fragments.close()
+        for process in self.processes:
+            process.join(30)
+        assert not any(process.is_alive() for process in self.processes)
+        for handle in (self.counters, self.steps):
+            handle.close()
+
+
+@pytest.fixture
+def learners():
+    made = []
+    yield lambda context: made.append(Learners(context)) or made[-1]
+    for each in made:
+        each.close()
+
+
+def reference(initial, data):
+    """The slow reference: the same batches, one after the other, in this process."""
+    model = copy.deepcopy(initial)
+    optimizer = SharedAdam(model.parameters(), CFG.optim.lr)
+    counters, steps = Counters(COUNTERS, TIMERS), step_queue()
+    try:
+        updater = Updater(CFG, model, optimizer, counters, steps, threading.Lock())
+        for batch in data:
+            updater.train(batch, True)
+    finally:
+        counters.close()
+        steps.close()
+    return model, optimizer
+
+
+@pytest.mark.parametrize("start", ["fork", "forkserver"])
+def test_updates_from_learner_processes_land_in_the_shared_model_as_one_at_a_time_here(learners, start):
+    """Batches handed over one at a time, each taken by whichever learner process is
+    waiting: the shared parameters, running statistics (observation normalizer, PopArt)
+    and Adam moments end where this process's own updates of the same batches end."""
+    torch.set_num_threads(1)  # the learner processes' setting: the same float sums
+    h = learners(mp.get_context(start))
+    assert len({p.pid for p in h.processes} | {os.getpid()}) == 3
+    data = batches(6)
+    for batch in data:
+        h.train(batch)
+    model, optimizer = reference(h.initial, data)
+    assert h.counters["updates"] == len(data) * CFG.learners.epochs
+    for (name, mine), theirs in zip(model.state_dict().items(), h.model.state_dict().values()):
+        torch.testing.assert_close(theirs, mine, msg=lambda m, name=name: f"{name}: {m}")
+    for name, tensors in optimizer.state.items():
+        for mine, theirs in zip(tensors, h.optimizer.state[name]):
+            torch.testing.assert_close(theirs, mine, msg=lambda m, name=name: f"optimizer {name}: {m}")
+
+
+def test_learner_processes_updating_at_once_lose_no_update_of_the_shared_state(learners):
+    """Many batches at once, two processes taking them concurrently: every gradient step
+    counts in the shared Adam step, every fresh observation in the shared normalizer (its
+    updates take the processes' common lock), and the parameters moved."""
+    h = learners(mp.get_context("fork"))
+    data = batches(24, seed=1)
+    for batch in data:
+        h.fragments.put_many(batch)
+    total = len(data) * CFG.learners.epochs
+    wait_until(lambda: h.counters["updates"] >= total, timeout=120, what=f"{total} updates")
+    assert h.optimizer.state["step"][0].item() == total
+    assert int(h.model.obs_norm.count) == data["obs"][..., 0].size
+    assert any(not torch.equal(p, p0) for p, p0 in zip(h.model.parameters(), h.initial.parameters()))
+    reports = h.steps.get_many(1024, block=False)
+    assert len(reports) == total and np.isfinite(reports["value"]).all()
+
+
+def run_config(tmp_path, **overrides):
+    return load_config({"actors": {"mode": "process", "num": 1, "envs_per_actor": 2, "unroll_length": 8},
+                        "learners": {"mode": "process", "num": 2, "batch_size": 4, "minibatches": 1},
+                        "logging": {"progress": False, "interval_s": 0.5, "run_root": str(tmp_path)},
+                        "checkpoint": {"interval_s": 0}, **overrides})
+
+
+def test_a_run_with_learner_processes_trains_and_leaves_no_process(tmp_path):
+    from a3c.metrics import MemorySink
+
+    sink = MemorySink()
+    trainer = Trainer(run_config(tmp_path, total_timesteps=4000), tmp_path / "run", sink=sink)
+    counts = trainer.train()
+    assert counts["env_steps"] >= 4000 and counts["updates"] > 0
+    assert sink.scalars["losses/value"], "the learner processes' reports reach the monitor"
+    wait_until(lambda: not run_processes(), timeout=10, what="the run's processes to end")
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()
+
+
+def test_a_learner_process_that_dies_stops_the_run_with_an_error_and_a_checkpoint(tmp_path):
+    trainer = Trainer(run_config(tmp_path, total_timesteps=100_000_000), tmp_path / "run")
+    outcome = []
+    thread = threading.Thread(target=lambda: outcome.append(pytest.raises(RuntimeError, trainer.train)))
+    thread.start()
+    wait_until(lambda: trainer.counters["updates"] > 0, timeout=60, what="the first update")
+    workers = run_processes()
+    os.kill(trainer.learners.workers[1].pid, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive(), "the run hangs when a learner process dies"
+    (info,) = outcome
+    assert "learner" in str(info.value) and "died" in str(info.value)
+    assert (tmp_path / "run" / "checkpoint.pt").is_file()  # the usual shutdown still ran
+    wait_until(lambda: not [pid for pid in workers if running(pid)], timeout=10,
+               what="the run's processes to end")
+
+
+def run_processes() -> list[int]:
+    """The processes below this one that still run, but for multiprocessing's fork server
+    (restarted actors and, once threads run, new workers come from it) and resource
+    tracker (which unlinks named semaphores), which outlive runs."""
+    from multiprocessing import forkserver, resource_tracker
+
+    keep = {getattr(forkserver._forkserver, "_forkserver_pid", None),
+            getattr(resource_tracker._resource_tracker, "_pid", None)}
+    return [pid for pid in descendants(os.getpid()) if pid not in keep and running(pid)]
