@@ -269,8 +269,9 @@ class Updater:
     statistics lock (`lock`, or `statistics_lock(shared)`)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                 counters: Counters, stats: ArrayQueue, lock=None):
+                 counters: Counters, stats: ArrayQueue, lock=None, stop=None):
         self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
+        self.stop = stop  # once set, no further gradient step: the run is ending
         self.device = torch.device(cfg.learners.device)
         self.local = copy.deepcopy(shared).to(self.device)
         self.copy_weights = WeightCopy(self.local, shared)
@@ -292,6 +293,8 @@ class Updater:
         reported = 0
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):
+                if self.stop is not None and self.stop.is_set():
+                    break  # the trainer waits for this learner before its last checkpoint
                 self.copy_weights()
                 version = counters["policy_version"]
                 loss, loss_stats, targets = compute_loss(local, part, cfg)
@@ -338,8 +341,9 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         end_with_parent()
         torch.set_num_threads(1)
+        torch.seed()  # forked processes inherit one generator: draw different minibatches
     source = BatchSource(cfg, fragments, replay, counters)
-    updater = Updater(cfg, shared, optimizer, counters, stats, lock)
+    updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop)
     while not stop.is_set():
         try:
             got = source.next()

@@ -52,10 +52,10 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
     """The model the config describes, for the config's environment (or `env_factory`'s)."""
     env = make_env(cfg.env, env_factory=env_factory)
     try:
-        return build_model(env.observation_space, env.action_space, cfg.model.hidden_sizes,
-                           cfg.model.activation, cfg.model.cnn, cfg.model.normalize_obs,
-                           cfg.model.normalize_value, cfg.model.state_dependent_std,
-                           cfg.model.cnn_arch, cfg.model.lstm)
+        m = cfg.model
+        return build_model(env.observation_space, env.action_space, m.hidden_sizes, m.activation, m.cnn,
+                           m.normalize_obs, m.normalize_value, m.state_dependent_std, m.cnn_arch,
+                           m.lstm, m.shared_torso, m.log_std_init)
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:
@@ -151,7 +151,8 @@ class Trainer:
             # Learner processes come from where actor processes do: a fork while this
             # process runs one thread, else the fork server.
             self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, learner_stats, self.replay, _context())
+                                           self.counters, learner_stats, self.replay,
+                                           _context(fork=torch.device(cfg.learners.device).type == "cpu"))
             stop, learners = self.learners.stop, self.learners.workers
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
@@ -281,12 +282,14 @@ class Trainer:
                         config_to_dict(self.cfg), self.counters.snapshot())
 
 
-def _context():
-    """Where actor processes come from. Forking this process is fast (no imports) and
-    safe while it runs a single thread, as when a run starts; once learner or monitor
-    threads run, a thread may hold a lock the child would inherit locked, so restarted
-    actors come from a fork server: a clean process that imported the actor code once."""
-    if threading.active_count() == 1:
+def _context(fork: bool = True):
+    """Where actor (and learner) processes come from. Forking this process is fast (no
+    imports) and safe while it runs a single thread, as when a run starts; once learner or
+    monitor threads run, a thread may hold a lock the child would inherit locked, so
+    restarted actors come from a fork server: a clean process that imported the actor code
+    once. `fork` False: the fork server in any case (CUDA cannot be used in a child forked
+    from a process that has asked torch about CUDA, as the config's check does)."""
+    if fork and threading.active_count() == 1:
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["a3c.actor"])
