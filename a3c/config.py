@@ -72,6 +72,9 @@ class ModelConfig:
     normalize_value: bool = _f(True, "PopArt: learn values in units of the running std of their targets")
     state_dependent_std: bool = _f(False, "Gaussian policies: the head outputs a log-std per state "
                                    "(false: one learned log-std per action dimension)")
+    shared_torso: bool = _f(True, "the policy and value heads read one torso (false: the value head "
+                            "gets a torso of its own, of the same shape)")
+    log_std_init: float = _f(0.0, "Gaussian policies: the initial log-std of the actions (0: std 1)")
 
 
 @dataclass

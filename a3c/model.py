@@ -200,7 +200,7 @@ class MultiCategorical(Distribution):
 
 
 class ActorCritic(nn.Module):
-    """Shared-torso actor-critic for any common pair of spaces.
+    """Actor-critic for any common pair of spaces, its heads on one torso or on two.
 
     Args:
         observation_space: ``Box`` (flattened for the MLP torso; an image of rank 3,
@@ -228,6 +228,11 @@ class ActorCritic(nn.Module):
         lstm: hidden size of an LSTM core between the torso and the heads (0: none), as
             in A3C-LSTM; see ``step``, ``unroll``, ``act_recurrent`` and
             ``evaluate_recurrent``.
+        shared_torso: the policy and value heads read one torso (A3C's choice); False
+            gives the value head a torso of its own of the same shape, so that value
+            errors do not move the policy's features (PPO's choice for continuous
+            control). With an LSTM core both torsos feed the core, which the heads share.
+        log_std_init: the initial log-std of a Gaussian policy (0: std 1).
     """
 
     def __init__(
@@ -242,6 +247,8 @@ class ActorCritic(nn.Module):
         state_dependent_std: bool = False,
         cnn_arch: str = "auto",
         lstm: int = 0,
+        shared_torso: bool = True,
+        log_std_init: float = 0.0,
     ):
         super().__init__()
         check_action_space(action_space)
@@ -251,6 +258,8 @@ class ActorCritic(nn.Module):
         if self._composite:
             self.torso = MultiInputTorso(observation_space, cnn, cnn_arch, hidden_sizes, activation)
             feature_dim, self.uses_cnn = self.torso.out_dim, bool(self.torso.images)
+            make_torso = lambda: MultiInputTorso(observation_space, cnn, cnn_arch,  # noqa: E731
+                                                 hidden_sizes, activation)
             vectors = {path: tuple(space.shape) for path, space in leaves(observation_space)
                        if isinstance(space, gym.spaces.Box) and path not in self.torso.images}
             self.obs_norm = LeafNorms(vectors) if normalize_obs and vectors else None
@@ -262,8 +271,11 @@ class ActorCritic(nn.Module):
                     f"[H, W, C]), got {observation_space}")
             self.uses_cnn = image if cnn is None else bool(cnn)
             if self.uses_cnn:
+                make_torso = lambda: _cnn_torso(_chw(observation_space.shape)[0], cnn_arch)[0]  # noqa: E731
                 self.torso, feature_dim = _cnn_torso(_chw(observation_space.shape)[0], cnn_arch)
             else:
+                make_torso = lambda: _mlp_torso(_vector_dim(observation_space), hidden_sizes,  # noqa: E731
+                                                activation)[0]
                 self.torso, feature_dim = _mlp_torso(_vector_dim(observation_space), hidden_sizes,
                                                      activation)
             box = isinstance(observation_space, gym.spaces.Box)
@@ -279,16 +291,25 @@ class ActorCritic(nn.Module):
             self._nvec = [int(n) for n in action_space.nvec]
         else:
             self._action_kind, n_params = "bernoulli", int(action_space.shape[0])
+        # The value head's own torso (shared_torso false): `features` returns both torsos'
+        # outputs side by side, and `_heads` splits them, unless a core mixes them first.
+        self.value_torso = None if shared_torso else make_torso()
+        self._split = feature_dim if not shared_torso and not lstm else None
+        if self.value_torso is not None:
+            feature_dim *= 2
         # An LSTM core between the torso and the heads (lstm > 0: its hidden size).
         self.core = nn.LSTMCell(feature_dim, lstm) if lstm else None
-        feature_dim = lstm or feature_dim
+        feature_dim = lstm or self._split or feature_dim
         self._state_std = state_dependent_std and self.is_continuous
         self.policy_head = _orthogonal(
             nn.Linear(feature_dim, 2 * n_params if self._state_std else n_params), 0.01)
         self.value_head = _orthogonal(
             PopArt(feature_dim) if normalize_value else nn.Linear(feature_dim, 1), 1.0)
         if self.is_continuous and not self._state_std:
-            self.log_std = nn.Parameter(torch.zeros(n_params))
+            self.log_std = nn.Parameter(torch.full((n_params,), float(log_std_init)))
+        elif self._state_std:
+            with torch.no_grad():  # the log-std half of the head's output starts there
+                self.policy_head.bias[n_params:] = float(log_std_init)
 
     @property
     def popart(self) -> Optional[PopArt]:
@@ -316,10 +337,16 @@ class ActorCritic(nn.Module):
         return _encode(obs, self.observation_space, self.uses_cnn)
 
     def features(self, obs: Obs) -> torch.Tensor:
-        """The torso's output [N, F] for a batch of raw observations."""
-        return self.torso(self._features_input(obs))
+        """The torso's output [N, F] for a batch of raw observations (with a value torso,
+        [N, 2F]: the policy's features, then the value's)."""
+        x = self._features_input(obs)
+        if self.value_torso is None:
+            return self.torso(x)
+        return torch.cat([self.torso(x), self.value_torso(x)], dim=-1)
 
     def _heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self._split is not None:
+            return self.policy_head(x[..., :self._split]), self.value_head(x[..., self._split:]).squeeze(-1)
         return self.policy_head(x), self.value_head(x).squeeze(-1)
 
     def forward(self, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -509,7 +536,10 @@ def build_model(
     state_dependent_std: bool = False,
     cnn_arch: str = "auto",
     lstm: int = 0,
+    shared_torso: bool = True,
+    log_std_init: float = 0.0,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
-                       normalize_obs, normalize_value, state_dependent_std, cnn_arch, lstm)
+                       normalize_obs, normalize_value, state_dependent_std, cnn_arch, lstm,
+                       shared_torso, log_std_init)

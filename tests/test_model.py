@@ -1,5 +1,7 @@
 """Tests of the actor-critic networks in a3c.model."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -233,3 +235,30 @@ def test_sampled_discrete_actions_follow_the_policy_probabilities():
     frequencies = torch.bincount(actions, minlength=3).float() / len(actions)
     assert torch.allclose(frequencies, expected, atol=0.01)
     assert torch.allclose(log_probs, expected.log()[actions], atol=1e-5)
+
+
+@pytest.mark.parametrize("obs_space", [spaces.Box(-1, 1, (5,), np.float32),
+                                       spaces.Dict({"x": spaces.Box(-1, 1, (3,), np.float32),
+                                                    "y": spaces.Discrete(4)})])
+def test_a_value_torso_of_its_own_keeps_value_errors_off_the_policys_features(obs_space):
+    """shared_torso false: the value loss moves only the value torso and head, the policy
+    loss only the policy torso, head and log-std."""
+    model = build_model(obs_space, spaces.Box(-1, 1, (2,), np.float32), shared_torso=False)
+    obs = {k: torch.as_tensor(np.stack([s.sample() for _ in range(6)])) for k, s in obs_space.items()} \
+        if isinstance(obs_space, spaces.Dict) else torch.randn(6, 5)
+    params, value = model(obs)
+    value.pow(2).sum().backward(retain_graph=True)
+    moved = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert moved and all(name.startswith(("value_torso.", "value_head.")) for name in moved), moved
+    model.zero_grad(set_to_none=True)
+    model.dist(params).log_prob(torch.zeros(6, 2)).sum().backward()
+    moved = {name for name, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    assert moved and not any(name.startswith(("value_torso.", "value_head.")) for name in moved), moved
+
+
+@pytest.mark.parametrize("state_dependent_std", [False, True])
+def test_log_std_init_is_the_gaussian_policys_starting_log_std(state_dependent_std):
+    model = build_model(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (3,), np.float32),
+                        state_dependent_std=state_dependent_std, log_std_init=-1.5)
+    std = model.dist(model(torch.zeros(2, 4))[0]).base_dist.scale
+    torch.testing.assert_close(std, torch.full((2, 3), math.exp(-1.5)))
