@@ -18,9 +18,15 @@ moves against `ray.get` alone. Side by side in one run.
    medians of the rounds. With --pin, also with the actors on one core and the trainer on
    the other, as on a cluster, where the actors' cores are not the trainer's.
    Bar: the pump moves >= 90% of the MB/s of ray.get alone.
+3. Learners against their count: gradient steps per second of 1, 2, ... learners
+   (--learners), as threads and as processes (learners.mode), on the shipped CartPole and
+   MinAtar Breakout configs' models and batches, fed by a thread that keeps the queue full
+   of ready-made fragments (no actors: the learners alone). Medians of rounds that
+   alternate the settings; the speed-up is over one learner of the same mode.
 
-    python scripts/bench_scale.py                       # about 9 minutes on 2 cores
+    python scripts/bench_scale.py                       # about 11 minutes on 2 cores
     python scripts/bench_scale.py --seeds 1 2 3 4 5 --pin
+    python scripts/bench_scale.py --skip cartpole pump --learners 1 2 4
 """
 from __future__ import annotations
 
@@ -42,6 +48,90 @@ from machine import machine  # noqa: E402  (scripts/machine.py)
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE, THRESHOLD, WINDOW = ROOT / "configs" / "cartpole.yaml", 475.0, 100
 RAY_BAR, PUMP_BAR = 0.75, 0.90
+
+
+# ------------------------------------------------------------------------- learners
+LEARNER_CONFIGS = {"cartpole": ROOT / "configs" / "cartpole.yaml",
+                   "minatar_breakout": ROOT / "configs" / "minatar_breakout.yaml"}
+LEARNER_SPACES = {"cartpole": (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)),
+                  "minatar_breakout": (gym.spaces.Box(0, 1, (10, 10, 4), bool), gym.spaces.Discrete(3))}
+
+
+def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup: float = 2.0) -> float:
+    """Gradient steps per second of `num` learners of `mode` on `task`'s config, fed
+    ready-made fragments as fast as they take them."""
+    import multiprocessing as mp
+
+    import torch
+    from a3c.actor import fragment_dtype
+    from a3c.config import load_config
+    from a3c.learner import start_learners, step_queue
+    from a3c.model import build_model
+    from a3c.optim import build_optimizer
+    from a3c.runner import COUNTERS, TIMERS
+    from replay import ArrayQueue, Closed, Counters
+
+    cfg = load_config(LEARNER_CONFIGS[task], [f"learners.mode={mode}", f"learners.num={num}"])
+    obs_space, action_space = LEARNER_SPACES[task]
+    torch.set_num_threads(1)
+    m = cfg.model
+    model = build_model(obs_space, action_space, tuple(m.hidden_sizes), m.activation, m.cnn, m.normalize_obs,
+                        m.normalize_value, m.state_dependent_std, m.cnn_arch, m.lstm, m.shared_torso,
+                        m.log_std_init)
+    model.share_memory()
+    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    dtype = fragment_dtype(obs_space, action_space, cfg.actors.unroll_length)
+    ready = np.zeros(cfg.learners.batch_size, dtype)
+    rng = np.random.default_rng(0)
+    ready["obs"] = rng.random(ready["obs"].shape) < 0.1 if dtype["obs"].base == bool else rng.normal(
+        size=ready["obs"].shape)
+    ready["action"] = rng.integers(0, action_space.n, ready["action"].shape)
+    ready["logp"] = -np.log(action_space.n)
+    ready["reward"] = rng.normal(size=ready["reward"].shape)
+    fragments, steps = ArrayQueue(cfg.actors.queue_capacity, dtype), step_queue()
+    counters = Counters(COUNTERS, TIMERS)
+
+    def feed():
+        try:
+            while True:
+                fragments.put_many(ready)  # releases the GIL while it waits for room
+        except Closed:
+            pass
+
+    # Learner processes fork while this process runs one thread; then the feeder starts.
+    learners = start_learners(cfg, model, optimizer, fragments, counters, steps, None,
+                              mp.get_context("fork"))
+    feeder = threading.Thread(target=feed, daemon=True)
+    feeder.start()
+    try:
+        time.sleep(warmup)
+        before, start = counters["updates"], time.perf_counter()
+        time.sleep(seconds)
+        return (counters["updates"] - before) / (time.perf_counter() - start)
+    finally:
+        learners.stop.set()
+        fragments.close()
+        for worker in learners.workers:
+            worker.join()
+        feeder.join()
+        for handle in (counters, steps):
+            handle.close()
+
+
+def learner_rounds(args) -> None:
+    settings = [(task, mode, num) for task in args.learner_tasks for mode in ("thread", "process")
+                for num in args.learners]
+    print(f"\n== learners against their count, fed ready-made fragments (no actors); "
+          f"{args.seconds:g} s per measurement, {args.rounds} rounds", flush=True)
+    runs: dict[tuple, list[float]] = {setting: [] for setting in settings}
+    for _ in range(args.rounds):
+        for setting in settings:  # alternating, so that drifts in the machine's speed spread out
+            runs[setting].append(learner_updates_per_s(*setting, args.seconds))
+    print(f"\n{'task':17} {'mode':8} {'learners':>8} {'updates/s':>9} {'speed-up':>8}   (medians)")
+    for task, mode, num in settings:
+        rate = statistics.median(runs[(task, mode, num)])
+        base = statistics.median(runs[(task, mode, args.learners[0])])
+        print(f"{task:17} {mode:8} {num:8d} {rate:9.0f} {rate / base:8.2f}")
 
 
 # ------------------------------------------------------------------------- CartPole
@@ -261,12 +351,19 @@ def main() -> None:
                         help="fragments_per_call for the pump rounds (each: 8 fragments)")
     parser.add_argument("--pin", action="store_true",
                         help="also with the actors on one core and the trainer on the others")
-    parser.add_argument("--skip", choices=["cartpole", "pump"], nargs="*", default=[])
+    parser.add_argument("--learners", type=int, nargs="+", default=[1, 2],
+                        help="learner counts for the learner rounds")
+    parser.add_argument("--learner-tasks", nargs="+", choices=list(LEARNER_CONFIGS), default=list(LEARNER_CONFIGS))
+    parser.add_argument("--skip", choices=["cartpole", "pump", "learners"], nargs="*", default=[])
     args = parser.parse_args()
 
+    print(machine("numpy", "torch", "gymnasium", "ray"))
+    if "learners" not in args.skip:  # before Ray starts: forking learner processes wants one thread
+        learner_rounds(args)
+    if "cartpole" in args.skip and "pump" in args.skip:
+        return
     import ray
 
-    print(machine("numpy", "torch", "gymnasium", "ray"))
     # One Ray instance for every run, on 127.0.0.1, as a cluster already running would be.
     ray.init(address="local", _node_ip_address="127.0.0.1", include_dashboard=False,
              num_cpus=max(os.cpu_count() or 1, 2), logging_level="warning")
