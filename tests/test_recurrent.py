@@ -172,7 +172,7 @@ def test_keep_observation_drops_the_velocities_of_cartpole():
 def test_the_memory_task_needs_the_core_and_the_recurrent_config_learns_it(tmp_path):
     """configs/cartpole_novel.yaml (CartPole without its velocities) reaches a last-100
     mean of 450 on 3 seeds within its budget; the same config without the LSTM does not
-    get near it. About 3 minutes a run on 2 cores."""
+    get near it. About 2 minutes in all on 2 cores."""
     def best_mean(seed, **overrides):
         sink = MemorySink()
         A3C(str(ROOT / "configs" / "cartpole_novel.yaml"), seed=seed, logging__run_root=str(tmp_path),
