@@ -23,6 +23,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --stability               # about 2 hours on 2 cores
     python scripts/bench_train.py --tasks breakout invaders --only a3c ppo ppo-cnn  # hours
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
+    python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
 """
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class Task:
     ppo: dict | None = None  # SB3's hyperparameters (None: the RL Zoo's PPO ones for env_id), and
     # then SB3 steps the config's environment (its env section: imports, wrappers), not env_id's
     suite: bool = True  # run when --tasks is not given
+    family: bool = False  # the config serves a family of tasks: env_id replaces its env.id
 
 
 TASKS = {
@@ -84,7 +86,9 @@ TASKS["invaders"] = Task("MinAtar/SpaceInvaders-v1", "configs/minatar_space_inva
                          **MINATAR)
 # CartPole without its velocities (RL Zoo's CartPoleNoVel-v1, here CartPole-v1 through the
 # config's KeepObservation wrapper) against sb3-contrib's RecurrentPPO with the RL Zoo's
-# hyperparameters for it (hyperparams/ppo_lstm.yml; VecNormalize on observations only).
+# hyperparameters for it (hyperparams/ppo_lstm.yml; VecNormalize on observations only), at
+# the config's budget like every method (4x the zoo's 1e5 steps, over which its learning
+# rate and clip decay more slowly).
 # 450: the threshold of the config's learning test. Run only when named (--tasks novel).
 RECURRENT_PPO = {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98,
                  "n_epochs": 20, "ent_coef": 0.0, "learning_rate": "lin_0.001", "clip_range": "lin_0.2",
@@ -93,6 +97,26 @@ RECURRENT_PPO = {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.
                                    "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}}}
 TASKS["novel"] = Task("CartPoleNoVel", "configs/cartpole_novel.yaml", 450.0, (1, 2, 3), ppo=RECURRENT_PPO,
                       suite=False)
+# MuJoCo locomotion (configs/mujoco.yaml serves the family) against SB3 PPO with the RL
+# Zoo's tuned hyperparameters (hyperparams/ppo.yml, Hopper-v3 and Walker2d-v3, the -v5
+# tasks' previous versions). Thresholds: Hopper's slow learning test; Walker2d's the same.
+# Reported besides: the last-100 mean at 1, 3, 6 and 10 minutes from launch, and the mean
+# of 10 deterministic evaluation episodes at the end (the zoo's published PPO figures at
+# 1 M steps: Hopper 2410, Walker2d 3479). Hours per seed: run only when named.
+ZOO_MUJOCO = {"normalize": True, "n_envs": 1, "policy": "MlpPolicy", "batch_size": 32, "n_steps": 512}
+HOPPER_PPO = {**ZOO_MUJOCO, "gamma": 0.999, "learning_rate": 9.80828e-05, "ent_coef": 0.00229519,
+              "clip_range": 0.2, "n_epochs": 5, "gae_lambda": 0.99, "max_grad_norm": 0.7,
+              "vf_coef": 0.835671, "policy_kwargs": {"log_std_init": -2, "ortho_init": False,
+                                                     "activation_fn": "ReLU",
+                                                     "net_arch": {"pi": [256, 256], "vf": [256, 256]}}}
+WALKER_PPO = {**ZOO_MUJOCO, "gamma": 0.99, "learning_rate": 5.05041e-05, "ent_coef": 0.000585045,
+              "clip_range": 0.1, "n_epochs": 20, "gae_lambda": 0.95, "max_grad_norm": 1,
+              "vf_coef": 0.871923}
+MUJOCO = {"budget": 1_000_000, "requires": "mujoco", "extra": "mujoco", "suite": False, "family": True}
+TASKS["hopper"] = Task("Hopper-v5", "configs/mujoco.yaml", 1000.0, (1, 2, 3), ppo=HOPPER_PPO, **MUJOCO)
+TASKS["walker"] = Task("Walker2d-v5", "configs/mujoco.yaml", 1000.0, (1, 2, 3), ppo=WALKER_PPO, **MUJOCO)
+MINUTES = (1, 3, 6, 10)  # the family tasks' wall-clock checkpoints
+EVAL_EPISODES = 10
 
 # This trainer's variants: the shipped config, and the same with one pass over each
 # fragment (IMPALA's diet), and with that single pass topped up from the replay buffer.
@@ -104,12 +128,14 @@ A3C_VARIANTS = {
 # Run only when asked for: actors as threads instead of processes, a Gaussian policy's
 # log-std read from the head per state, and the dataclass defaults in place of the
 # shipped config (what a config that sets only env.id gets), and the loss as it was before
-# the floors that keep a solved policy solved (learners.advantage_std_floor, value_scale_floor).
+# the floors that keep a solved policy solved (learners.advantage_std_floor, value_scale_floor),
+# the config without its LSTM core, and two learner processes in place of one thread.
 DEFAULTS = "a3c-defaults"
 OPTIONAL = {"a3c-threads": {"actors__mode": "thread"},
             "a3c-state-std": {"model__state_dependent_std": True}, DEFAULTS: {},
             "a3c-no-floors": {"learners__advantage_std_floor": 0.0, "learners__value_scale_floor": 0.0},
-            "a3c-no-lstm": {"model__lstm": 0}}  # what the recurrent core costs and brings
+            "a3c-no-lstm": {"model__lstm": 0},  # what the recurrent core costs and brings
+            "a3c-2-learner-procs": {"learners__mode": "process", "learners__num": 2}}
 # The shipped config with one of its parts switched off or changed (--ablation): each
 # normalization, the clip, the learning-rate decay, V-trace's lambda below 1, and each floor.
 ABLATIONS = {
@@ -145,6 +171,8 @@ class Result:
     steps: int = 0
     extra: dict = field(default_factory=dict)
     highs: list = field(default_factory=list)  # (wall s, env steps, last-100 mean) at each new high
+    curve: list = field(default_factory=list)  # (wall s, last-100 mean) after every episode
+    evaluation: float = float("nan")  # mean return of deterministic episodes at the end (family tasks)
     cores: dict = field(default_factory=dict)  # cores busy per part of this trainer
 
     def episode(self, step: int, ret: float) -> None:
@@ -152,6 +180,7 @@ class Result:
         if len(self.window) < WINDOW:
             return
         mean = float(np.mean(self.window))
+        self.curve.append((time.perf_counter() - self.start, mean))
         if not self.highs or mean > self.highs[-1][2]:
             self.highs.append((time.perf_counter() - self.start, step, mean))
         if self.hit is None and mean >= self.threshold:
@@ -166,6 +195,13 @@ class Result:
     def reached(self, value: float) -> tuple[float, int] | None:
         """(wall seconds from launch, env steps) when the last-100 mean first reached value."""
         return next(((t, steps) for t, steps, mean in self.highs if mean >= value), None)
+
+    def at(self, seconds: float) -> float:
+        """The last-100 mean `seconds` from launch (nan before the first 100 episodes, or
+        when the run had ended by then)."""
+        if seconds > self.wall:
+            return float("nan")
+        return next((mean for t, mean in reversed(self.curve) if t <= seconds), float("nan"))
 
     @property
     def final(self) -> float:
@@ -187,10 +223,16 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
 
     result = Result(task.threshold)
     config = {"env": {"id": task.env_id}} if defaults or task.config is None else ROOT / task.config
+    if task.family:
+        overrides = {"env__id": task.env_id, **overrides}
     agent = A3C(config, seed=seed, logging__progress=False, checkpoint__interval_s=0,
                 logging__run_root="/tmp/a3c-bench-runs", **overrides)
     agent.learn(budget, sink=Episodes())
     result.finish(agent.num_timesteps)
+    if task.family:  # after the clock stopped
+        from a3c.api import evaluate
+
+        result.evaluation = float(evaluate(agent.model, agent.config, EVAL_EPISODES).mean())
     c = agent.counters
     fresh = max(c["queue_gets"], 1)
     epochs = overrides.get("learners__epochs", agent.config.learners.epochs)
@@ -260,7 +302,7 @@ def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo") -> Result:
         from a3c.config import load_config
         from a3c.envs import make_env
 
-        cfg = load_config(ROOT / task.config).env
+        cfg = load_config(ROOT / task.config, [f"env.id={task.env_id}"] if task.family else []).env
         env = make_vec_env(lambda: make_env(cfg), n_envs=n_envs, seed=seed)
     else:
         env = make_vec_env(task.env_id, n_envs=n_envs, seed=seed)
@@ -269,7 +311,14 @@ def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo") -> Result:
         env = VecNormalize(env, gamma=hp.get("gamma", 0.99), **options)
     model = PPO(policy, env, seed=seed, device="cpu", **{k: schedule(v) for k, v in hp.items()})
     model.learn(budget, callback=Episodes())
-    return result.finish(model.num_timesteps)
+    result.finish(model.num_timesteps)
+    if task.family:  # deterministic episodes, observations normalized as in training
+        from stable_baselines3.common.evaluation import evaluate_policy
+
+        if normalize:
+            env.training, env.norm_reward = False, False
+        result.evaluation = float(evaluate_policy(model, env, n_eval_episodes=EVAL_EPISODES)[0])
+    return result
 
 
 def budget_of(task: Task) -> int:
@@ -313,7 +362,7 @@ def main() -> None:
         print(f"{' '.join(sb3)}: stable-baselines3, sb3-contrib or rl_zoo3 is not installed "
               "(pip install -e '.[bench]'), skipped")
         args.only = [m for m in args.only if m not in PPO_METHODS]
-    print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "rl_zoo3"))
+    print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "sb3-contrib", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
         task, budget = TASKS[name], int(budget_of(TASKS[name]) * scale)
@@ -328,6 +377,9 @@ def main() -> None:
                      else run_a3c(task, seed, budget, VARIANTS[method], defaults=method == DEFAULTS))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
+                if task.family:
+                    extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
+                             f"; deterministic eval {r.evaluation:.0f}"
                 print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f}; "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
@@ -343,6 +395,15 @@ def main() -> None:
               f"{med([h[0] for h in hits]):7.1f} {med([h[1] for h in hits]):8.0f} "
               f"{med([r.final for r in rows]):7.1f} {med([r.steps / r.wall for r in rows]):8.0f} "
               f"{extra[0]:5.2f} {extra[1]:6.2f} {extra[2]:5.1f}")
+    family = [(key, rows) for key, rows in table.items() if TASKS[key[0]].family]
+    if family:
+        print("\nthe last-100 mean at each wall-clock checkpoint from launch, and the deterministic "
+              f"evaluation ({EVAL_EPISODES} episodes) at the end of the budget, medians over seeds")
+        print(f"{'task':9} {'method':12} " + " ".join(f"{f'{m} min':>7}" for m in MINUTES) + f" {'eval':>7}")
+        for (name, method), rows in family:
+            print(f"{name:9} {method:12} " + " ".join(
+                f"{statistics.median(r.at(60 * m) for r in rows):7.0f}" for m in MINUTES)
+                + f" {statistics.median(r.evaluation for r in rows):7.0f}")
     if scale != 1:
         print(f"\nholding the threshold, {scale:g}x the budgets: the lowest last-100 mean from the "
               "first time it reached the threshold to the end (held: never below the threshold again)")
