@@ -29,6 +29,7 @@ a state is a float tensor ``[N, state_size]``, and ``starts`` marks the observat
 that begin an episode, where the state is reset first.
 """
 
+import functools
 import math
 from typing import Optional, Sequence, Tuple
 
@@ -255,11 +256,12 @@ class ActorCritic(nn.Module):
         leaves(observation_space)  # refuses spaces of no fixed size, in one line
         self.observation_space, self.action_space = observation_space, action_space
         self._composite = is_composite(observation_space)
+        # make_torso() builds a fresh torso: the policy's, and the value's own if it has one.
         if self._composite:
-            self.torso = MultiInputTorso(observation_space, cnn, cnn_arch, hidden_sizes, activation)
+            make_torso = functools.partial(MultiInputTorso, observation_space, cnn, cnn_arch, hidden_sizes,
+                                           activation)
+            self.torso = make_torso()
             feature_dim, self.uses_cnn = self.torso.out_dim, bool(self.torso.images)
-            make_torso = lambda: MultiInputTorso(observation_space, cnn, cnn_arch,  # noqa: E731
-                                                 hidden_sizes, activation)
             vectors = {path: tuple(space.shape) for path, space in leaves(observation_space)
                        if isinstance(space, gym.spaces.Box) and path not in self.torso.images}
             self.obs_norm = LeafNorms(vectors) if normalize_obs and vectors else None
@@ -270,14 +272,11 @@ class ActorCritic(nn.Module):
                     "the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
                     f"[H, W, C]), got {observation_space}")
             self.uses_cnn = image if cnn is None else bool(cnn)
-            if self.uses_cnn:
-                make_torso = lambda: _cnn_torso(_chw(observation_space.shape)[0], cnn_arch)[0]  # noqa: E731
-                self.torso, feature_dim = _cnn_torso(_chw(observation_space.shape)[0], cnn_arch)
-            else:
-                make_torso = lambda: _mlp_torso(_vector_dim(observation_space), hidden_sizes,  # noqa: E731
-                                                activation)[0]
-                self.torso, feature_dim = _mlp_torso(_vector_dim(observation_space), hidden_sizes,
-                                                     activation)
+            make_with_dim = functools.partial(_cnn_torso, _chw(observation_space.shape)[0], cnn_arch) \
+                if self.uses_cnn else functools.partial(_mlp_torso, _vector_dim(observation_space),
+                                                        hidden_sizes, activation)
+            self.torso, feature_dim = make_with_dim()
+            make_torso = lambda: make_with_dim()[0]  # noqa: E731
             box = isinstance(observation_space, gym.spaces.Box)
             self.obs_norm = ObservationNorm(observation_space.shape) \
                 if normalize_obs and box and not self.uses_cnn else None

@@ -120,7 +120,7 @@ class Trainer:
         self._sink = sink
         self.saved = False  # whether the final checkpoint was written
         self._actors: list = []
-        self.learners: Learners | None = None  # once train() started them
+        self.learners = Learners(threading.Event(), [])  # none until train() starts them
         self._restarts = [0] * cfg.actors.num
         self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
 
@@ -139,8 +139,7 @@ class Trainer:
         self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
         self.replay = replay_buffer(cfg, dtype)
-        learner_stats = self.learner_stats = step_queue()
-        stop, learners = threading.Event(), []
+        self.learner_stats = step_queue()
         sink = monitor = None
         try:
             if cfg.actors.mode == "ray":
@@ -151,27 +150,26 @@ class Trainer:
             # Learner processes come from where actor processes do: a fork while this
             # process runs one thread, else the fork server.
             self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, learner_stats, self.replay,
+                                           self.counters, self.learner_stats, self.replay,
                                            _context(fork=torch.device(cfg.learners.device).type == "cpu"))
-            stop, learners = self.learners.stop, self.learners.workers
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
-                sink, self.counters, self.fragments, self.episodes, learner_stats,
+                sink, self.counters, self.fragments, self.episodes, self.learner_stats,
                 cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,
                 gauges=self._pump.gauges if self._pump is not None else None)
             monitor.start()
-            self._supervise(stop, learners)
+            self._supervise()
         finally:
-            self._shutdown(stop, learners, monitor, sink, threads)
+            self._shutdown(monitor, sink, threads)
         return self.counters.snapshot()
 
-    def _shutdown(self, stop, learners, monitor, sink, threads: int) -> None:
+    def _shutdown(self, monitor, sink, threads: int) -> None:
         """Stop everything, in an order that matters: closing the queue wakes actors
         blocked in put (they exit) and learners blocked in get; the checkpoint is written
         as soon as no learner updates. Every later step runs even if one fails (or a
         second Ctrl-C arrives), so nothing is left behind."""
-        stop.set()
+        self.learners.stop.set()
         self.fragments.close()
         with contextlib.ExitStack() as later:  # callbacks run last-registered first
             later.callback(torch.set_num_threads, threads)
@@ -185,7 +183,7 @@ class Trainer:
             if monitor is not None:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             later.callback(self._stop_actors)
-            for learner in learners:  # each ends within a batch's update once the queue closes
+            for learner in self.learners.workers:  # each ends within a gradient step once stopped
                 if isinstance(learner, threading.Thread):
                     learner.join()
                     continue
@@ -196,12 +194,12 @@ class Trainer:
             self.save(latest_checkpoint(self.run_dir))
             self.saved = True
 
-    def _supervise(self, stop: threading.Event, learners: list[threading.Thread]) -> None:
+    def _supervise(self) -> None:
         cfg = self.cfg
         next_checkpoint = time.monotonic() + cfg.checkpoint.interval_s
         while self.counters["env_steps"] < cfg.total_timesteps and not self._reached_target():
             time.sleep(0.05)
-            if not all(learner.is_alive() for learner in learners):
+            if not all(learner.is_alive() for learner in self.learners.workers):
                 # Without learners the queue fills and the actors wait forever.
                 raise RuntimeError(f"a learner {self.cfg.learners.mode} died; see its error above")
             if not self.monitor.is_alive():

@@ -53,8 +53,6 @@ RAY_BAR, PUMP_BAR = 0.75, 0.90
 # ------------------------------------------------------------------------- learners
 LEARNER_CONFIGS = {"cartpole": ROOT / "configs" / "cartpole.yaml",
                    "minatar_breakout": ROOT / "configs" / "minatar_breakout.yaml"}
-LEARNER_SPACES = {"cartpole": (gym.spaces.Box(-np.inf, np.inf, (4,), np.float32), gym.spaces.Discrete(2)),
-                  "minatar_breakout": (gym.spaces.Box(0, 1, (10, 10, 4), bool), gym.spaces.Discrete(3))}
 
 
 def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup: float = 2.0) -> float:
@@ -66,21 +64,17 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
     from a3c.actor import fragment_dtype
     from a3c.config import load_config
     from a3c.learner import start_learners, step_queue
-    from a3c.model import build_model
     from a3c.optim import build_optimizer
-    from a3c.runner import COUNTERS, TIMERS
+    from a3c.runner import COUNTERS, TIMERS, build_default_model
     from replay import ArrayQueue, Closed, Counters
 
     cfg = load_config(LEARNER_CONFIGS[task], [f"learners.mode={mode}", f"learners.num={num}"])
-    obs_space, action_space = LEARNER_SPACES[task]
     torch.set_num_threads(1)
-    m = cfg.model
-    model = build_model(obs_space, action_space, tuple(m.hidden_sizes), m.activation, m.cnn, m.normalize_obs,
-                        m.normalize_value, m.state_dependent_std, m.cnn_arch, m.lstm, m.shared_torso,
-                        m.log_std_init)
+    model = build_default_model(cfg)  # for the config's environment, as a run builds it
     model.share_memory()
     optimizer = build_optimizer(model.parameters(), cfg.optim)
-    dtype = fragment_dtype(obs_space, action_space, cfg.actors.unroll_length)
+    action_space = model.action_space
+    dtype = fragment_dtype(model.observation_space, action_space, cfg.actors.unroll_length)
     ready = np.zeros(cfg.learners.batch_size, dtype)
     rng = np.random.default_rng(0)
     ready["obs"] = rng.random(ready["obs"].shape) < 0.1 if dtype["obs"].base == bool else rng.normal(

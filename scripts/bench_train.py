@@ -170,8 +170,7 @@ class Result:
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
-    highs: list = field(default_factory=list)  # (wall s, env steps, last-100 mean) at each new high
-    curve: list = field(default_factory=list)  # (wall s, last-100 mean) after every episode
+    curve: list = field(default_factory=list)  # (wall s, env steps, last-100 mean) after every episode
     evaluation: float = float("nan")  # mean return of deterministic episodes at the end (family tasks)
     cores: dict = field(default_factory=dict)  # cores busy per part of this trainer
 
@@ -179,12 +178,10 @@ class Result:
         self.window.append(ret)
         if len(self.window) < WINDOW:
             return
-        mean = float(np.mean(self.window))
-        self.curve.append((time.perf_counter() - self.start, mean))
-        if not self.highs or mean > self.highs[-1][2]:
-            self.highs.append((time.perf_counter() - self.start, step, mean))
+        mean, now = float(np.mean(self.window)), time.perf_counter() - self.start
+        self.curve.append((now, step, mean))
         if self.hit is None and mean >= self.threshold:
-            self.hit, self.lowest = (time.perf_counter() - self.start, step), mean
+            self.hit, self.lowest = (now, step), mean
         if self.hit is not None:
             self.lowest = min(self.lowest, mean)
 
@@ -194,14 +191,14 @@ class Result:
 
     def reached(self, value: float) -> tuple[float, int] | None:
         """(wall seconds from launch, env steps) when the last-100 mean first reached value."""
-        return next(((t, steps) for t, steps, mean in self.highs if mean >= value), None)
+        return next(((t, steps) for t, steps, mean in self.curve if mean >= value), None)
 
     def at(self, seconds: float) -> float:
         """The last-100 mean `seconds` from launch (nan before the first 100 episodes, or
         when the run had ended by then)."""
         if seconds > self.wall:
             return float("nan")
-        return next((mean for t, mean in reversed(self.curve) if t <= seconds), float("nan"))
+        return next((mean for t, _, mean in reversed(self.curve) if t <= seconds), float("nan"))
 
     @property
     def final(self) -> float:

@@ -4,6 +4,7 @@ import gc
 import os
 import signal
 import sys
+from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,17 @@ def chi_square_limit(df) -> float:
     """The 99.9 % quantile of chi-square with df degrees of freedom (Wilson-Hilferty)."""
     z = 3.090
     return df * (1 - 2 / (9 * df) + z * np.sqrt(2 / (9 * df))) ** 3
+
+
+# ------------------------------------------------------------------------ learning
+WINDOW = 100  # episodes in a learning curve's running mean
+
+
+def means(episodes):
+    """(env step, mean of the last WINDOW returns) after every episode from the WINDOW-th on,
+    for episodes as (env step, return) pairs, such as a MemorySink's charts/episodic_return."""
+    window = deque(maxlen=WINDOW)
+    for step, ret in episodes:
+        window.append(ret)
+        if len(window) == WINDOW:
+            yield step, sum(window) / WINDOW

@@ -4,7 +4,6 @@ its whole budget with no early stop, ends solved (a run that collapses after its
 peak fails). About 5-30 s per run on 2 cores. Marked slow (about a minute or two each):
 CartPole at a constant learning rate for twice its budget stays solved, with no decay of
 the rate to hold it; MinAtar Breakout's config reaches the MinAtar paper's DQN return."""
-from collections import deque
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,13 @@ import pytest
 from a3c import A3C
 from a3c.metrics import MemorySink
 
+from conftest import WINDOW, means
+
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # actors come from the fork server
 
 ROOT = Path(__file__).resolve().parents[1]
-WINDOW = 100
 # config (read at test time: the config is the thing tested), threshold
 TASKS = {"cartpole": 475.0, "acrobot": -100.0, "pendulum": -250.0}
-
-
-def means(episodes):
-    """(env step, mean of the last WINDOW returns) after every episode from the WINDOW-th on."""
-    window = deque(maxlen=WINDOW)
-    for step, ret in episodes:
-        window.append(ret)
-        if len(window) == WINDOW:
-            yield step, sum(window) / WINDOW
 
 
 def train(task, seed, tmp_path, **overrides):

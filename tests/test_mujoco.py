@@ -1,7 +1,6 @@
 """MuJoCo locomotion through configs/mujoco.yaml: a short Hopper-v5 run goes through
 actors, learner, checkpoint and evaluation (default suite); and the config learns Hopper
 (slow: python -m pytest -m slow tests/test_mujoco.py)."""
-from collections import deque
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +11,7 @@ pytest.importorskip("mujoco", reason='MuJoCo is not installed: pip install -e ".
 from a3c import A3C  # noqa: E402
 from a3c.api import evaluate  # noqa: E402
 from a3c.metrics import MemorySink  # noqa: E402
+from conftest import means  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")
 
@@ -39,9 +39,5 @@ def test_the_mujoco_config_teaches_hopper_to_hop(seed, tmp_path):
     sink = MemorySink()
     A3C(str(CONFIG), seed=seed, target_return=1000.0, logging__run_root=str(tmp_path),
         logging__progress=False, checkpoint__interval_s=0).learn(sink=sink)
-    window, best = deque(maxlen=100), float("-inf")
-    for _, ret in sink.scalars["charts/episodic_return"]:
-        window.append(ret)
-        if len(window) == 100:
-            best = max(best, float(np.mean(window)))
+    best = max((mean for _, mean in means(sink.scalars["charts/episodic_return"])), default=float("-inf"))
     assert best >= 1000.0, f"seed {seed}: best last-100 mean {best:.1f}"
