@@ -112,7 +112,10 @@ class LearnersConfig:
     value_scale_floor: float = _f(
         0.01, "with PopArt: the value scale (the std of the value targets, the unit of value "
               "errors and advantages) is at least this fraction of the targets' mean magnitude", ge=0)
-    device: str = _f("cpu", "learner device: cpu | cuda | cuda:N")
+    device: str = _f("cpu", "learner device: cpu | cuda | cuda:N (cuda: learner threads train a copy of "
+                     "the model on the GPU)")
+    publish_every: int = _f(4, "with learners.device cuda: gradient steps between copies of the GPU "
+                               "model to the actors (on the CPU they share one model)", ge=1)
 
 
 @dataclass
@@ -468,6 +471,10 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         cfg.env.id = named_by.rpartition(":")[2]  # the run's name for an environment no id names
     if "learners.device" not in bad:
         _check_device(cfg.learners.device, problems)
+        if cfg.learners.device != "cpu" and cfg.learners.mode == "process":
+            problems.append(f"learners.mode: process with learners.device {cfg.learners.device!r} is not "
+                            "supported: the GPU model lives in the trainer's process; use learners.mode: "
+                            "thread (learners.num threads share it)")
     _check_ray(cfg.ray, problems, bad)
     if problems:
         raise ConfigError(problems, source)

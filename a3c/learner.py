@@ -26,10 +26,10 @@ from . import vtrace
 from .actor import end_with_parent
 from .config import Config
 from .model import WeightCopy
-from .optim import SharedOptimizer
-from .spaces import Obs, obs_to_torch, tree_map
+from .optim import SharedOptimizer, build_optimizer
+from .spaces import Obs, tree_map
 
-__all__ = ["Batch", "BatchSource", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
+__all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
            "batch_from_fragments", "compute_loss", "evaluate_batch", "replay_buffer", "run_learner",
            "start_learners", "statistics_lock", "step_queue"]
 
@@ -51,10 +51,12 @@ class Batch(NamedTuple):
 
 
 class LossStats(NamedTuple):
-    policy: float
-    value: float
-    entropy: float
-    clip_fraction: float  # share of steps whose ratio pi/mu lies outside the clip range
+    """0-dim tensors without gradient, on the batch's device: a learner reads them once
+    per batch, not once per gradient step, so that a step never waits for the device."""
+    policy: torch.Tensor
+    value: torch.Tensor
+    entropy: torch.Tensor
+    clip_fraction: torch.Tensor  # share of steps whose ratio pi/mu lies outside the clip range
 
 
 class Loss(NamedTuple):
@@ -63,15 +65,34 @@ class Loss(NamedTuple):
     value_targets: torch.Tensor  # [T, B] V-trace targets v_s, without gradient
 
 
-def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cpu") -> Batch:
-    """Fragments [B] of the actor's dtype -> time-major tensors [T, B, ...]."""
+def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cpu",
+                         whole: bool | None = None) -> Batch:
+    """Fragments [B] of the actor's dtype -> time-major tensors [T, B, ...] on `device`.
+
+    On the CPU each field is copied out of the record array once (fields are strided).
+    For an accelerator (or `whole`) the records go over whole, in one transfer
+    (asynchronous when they lie in pinned memory, as a learner's batches do), and each
+    field is cut out of them there: one host-to-device copy per batch, not one per field."""
+    device = torch.device(device)
+    if not (device.type != "cpu" if whole is None else whole):
+        def column(*path: str) -> torch.Tensor:
+            array = fragments
+            for name in path:
+                array = array[name]
+            return torch.from_numpy(np.ascontiguousarray(array))
+    else:
+        raw = torch.from_numpy(fragments.view(np.uint8).reshape(len(fragments), -1))
+        column = _columns(raw.to(device, non_blocking=True), fragments.dtype)
+
+    def obs(name: str) -> Obs:
+        names = fragments.dtype[name].base.names
+        return {leaf: column(name, leaf) for leaf in names} if names else column(name)
+
     def time_major(name: str) -> torch.Tensor:
-        # Copy out of the record array (fields are strided), then swap B and T.
-        array = np.ascontiguousarray(fragments[name])
-        return torch.from_numpy(array).transpose(0, 1).to(device)
+        return column(name).transpose(0, 1)
 
     return Batch(
-        obs=tree_map(lambda x: x.transpose(0, 1), obs_to_torch(fragments["obs"], device)),
+        obs=tree_map(lambda x: x.transpose(0, 1), obs("obs")),
         action=time_major("action"),
         reward=time_major("reward"),
         logp=time_major("logp"),
@@ -79,10 +100,28 @@ def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cp
         truncated=time_major("truncated"),
         trunc_value=time_major("trunc_value"),
         version=time_major("version"),
-        bootstrap_obs=obs_to_torch(fragments["last_obs"], device),
-        state=torch.from_numpy(np.ascontiguousarray(fragments["state"])).to(device)
-        if "state" in fragments.dtype.names else None,
+        bootstrap_obs=obs("last_obs"),
+        state=column("state") if "state" in fragments.dtype.names else None,
     )
+
+
+def _columns(raw: torch.Tensor, dtype: np.dtype):
+    """For records as bytes [B, itemsize] (a tensor on any device): a function from a
+    field's path to its values [B, ...], cut out of the bytes and reinterpreted there. A
+    path may pass through a sub-array of records (a Dict observation's T steps)."""
+    def column(*path: str) -> torch.Tensor:
+        values, lead, sub = raw, (len(raw),), dtype
+        for name in path:
+            field, at = sub.fields[name][:2]
+            values = values[..., at:at + field.itemsize]
+            sub = field
+            if field.shape and field.base.names:  # unfold the sub-array: [..., n, record]
+                lead += field.shape
+                values = values.reshape(*lead, field.base.itemsize)
+                sub = field.base
+        base = torch.from_numpy(np.empty(0, sub.base)).dtype
+        return values.contiguous().view(base).reshape(*lead, *sub.shape)  # a copy on the device
+    return column
 
 
 def evaluate_batch(model: torch.nn.Module, batch: Batch
@@ -141,19 +180,19 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     if clip is None:
         advantages = _normalized(returns.pg_advantages, normalize, floor)
         policy_loss = -(logp * advantages).mean()
-        clip_fraction = 0.0
+        clip_fraction = torch.zeros((), device=policy_loss.device)
     else:
         advantages = _normalized(returns.advantages, normalize, floor)
         ratio = torch.exp(logp - batch.logp)
         policy_loss = -torch.min(ratio * advantages,
                                  ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
-        clip_fraction = ((ratio - 1).abs() > clip).float().mean().item()
+        clip_fraction = ((ratio - 1).abs() > clip).float().mean()
     # With PopArt the value error is measured in units of the value scale, so that
     # returns of -500 weigh no more in the loss than returns of 1.
     value_loss = 0.5 * ((returns.vs - values) / (1.0 if scale is None else scale)).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.learners.vf_coef * value_loss - cfg.learners.ent_coef * entropy_mean
-    stats = LossStats(policy_loss.item(), value_loss.item(), entropy_mean.item(), clip_fraction)
+    stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction)
     return Loss(loss, stats, returns.vs)
 
 
@@ -220,14 +259,16 @@ class BatchSource:
     """Where a learner's next batch comes from: the fresh fragments of the queue, or,
     while fewer than a batch are there, replayed ones as far as the buffer's
     sample-to-insert limit allows (`replay` None: wait for the queue). A fresh batch is
-    filled across calls: fragments taken before a timeout are kept."""
+    filled across calls: fragments taken before a timeout are kept. For a learner on an
+    accelerator the batches lie in pinned memory, from which they go to the device
+    without a staging copy."""
 
     def __init__(self, cfg: Config, fragments: ArrayQueue, replay: ReplayBuffer | None,
                  counters: Counters):
         self.fragments, self.replay, self.counters = fragments, replay, counters
-        B = cfg.learners.batch_size
-        self.fresh = np.empty(B, fragments.dtype)
-        self.replayed = np.empty(B, fragments.dtype)
+        B, pinned = cfg.learners.batch_size, torch.device(cfg.learners.device).type != "cpu"
+        self.fresh = _records(B, fragments.dtype, pinned)
+        self.replayed = _records(B, fragments.dtype, pinned)
         self.filled = 0  # fragments of the fresh batch so far
         self.rng = np.random.default_rng()  # this thread's draws: a handle's own are not for threads
 
@@ -261,17 +302,31 @@ class BatchSource:
         return fresh, True
 
 
+def _records(n: int, dtype: np.dtype, pinned: bool) -> np.ndarray:
+    if not pinned:
+        return np.empty(n, dtype)
+    memory = torch.empty(n * dtype.itemsize, dtype=torch.uint8, pin_memory=True)
+    return memory.numpy().view(dtype)  # the array keeps the tensor, and so the memory, alive
+
+
 class Updater:
     """Trains the shared model on batches: `learners.epochs` passes in
     `learners.minibatches` parts, each a gradient step computed on this learner's copy
     of the model (refreshed from the shared parameters first) and handed to the shared
     optimizer. A fresh batch also updates the running statistics, under the model's
-    statistics lock (`lock`, or `statistics_lock(shared)`)."""
+    statistics lock (`lock`, or `statistics_lock(shared)`).
+
+    With `publish` (a learner on an accelerator, whose `shared` is the `DeviceCopy`'s
+    model) nothing in a gradient step waits for the device: a non-finite loss skips its
+    step on the device (the optimizer's `ok`), the losses are read once per batch, and
+    `publish()` copies the model to the actors' every `learners.publish_every` steps,
+    which is when the policy version advances."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                 counters: Counters, stats: ArrayQueue, lock=None, stop=None):
+                 counters: Counters, stats: ArrayQueue, lock=None, stop=None, publish=None):
         self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
         self.stop = stop  # once set, no further gradient step: the run is ending
+        self.publish, self.unpublished = publish, 0  # steps since the last publish
         self.device = torch.device(cfg.learners.device)
         self.local = copy.deepcopy(shared).to(self.device)
         self.copy_weights = WeightCopy(self.local, shared)
@@ -290,7 +345,7 @@ class Updater:
         if is_fresh and self.obs_norm is not None:
             with self.lock:
                 self.obs_norm.update(batch.obs)
-        reported = 0
+        rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):
                 if self.stop is not None and self.stop.is_set():
@@ -298,7 +353,8 @@ class Updater:
                 self.copy_weights()
                 version = counters["policy_version"]
                 loss, loss_stats, targets = compute_loss(local, part, cfg)
-                if not torch.isfinite(loss):
+                finite = torch.isfinite(loss)
+                if self.publish is None and not finite:  # on the CPU, reading it costs nothing
                     counters.add("nonfinite_losses")
                     continue
                 for p in self.local_params:
@@ -308,20 +364,47 @@ class Updater:
                 grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
                          for p, sp in zip(self.local_params, self.shared_params)]
                 self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
-                self.optimizer.step(grads)
+                self.optimizer.step(grads, ok=None if self.publish is None else finite)
                 if epoch == 0 and is_fresh and self.popart is not None:
                     with self.lock:  # after the step, which was taken at the old statistics
-                        self.popart.update(targets)
-                counters.add("updates")
-                counters.add("policy_version")
-                lag = version - part.version  # learner version minus the version that acted
-                self.reports[reported] = (*loss_stats, float(lag.float().mean()), int(lag.max()),
-                                          self.optimizer.lr, not is_fresh)
-                reported += 1
+                        self.popart.update(targets, ok=None if self.publish is None else finite)
+                self._advance()
+                lag = (version - part.version).float()  # learner version minus the one that acted
+                rows.append(torch.stack([*loss_stats, lag.mean(), lag.max(), finite.float()]))
         counters.add("learner_update_s", time.perf_counter() - started)
-        if reported:
+        if rows:
+            self._report(torch.stack(rows).cpu().numpy(), is_fresh)  # the batch's one wait
+
+    def _advance(self) -> None:
+        """A gradient step is done: a new policy version, now on the CPU (where it is the
+        actors' model), at the next publish on an accelerator."""
+        if self.publish is None:
+            self.counters.add("policy_version")
+            return
+        self.unpublished += 1
+        if self.unpublished >= self.cfg.learners.publish_every:
+            self.flush()
+
+    def flush(self) -> None:
+        """Publish the steps not yet published (a learner on an accelerator)."""
+        if self.publish is not None and self.unpublished:
+            self.publish()
+            self.counters.add("policy_version", self.unpublished)
+            self.unpublished = 0
+
+    def _report(self, rows: np.ndarray, is_fresh: bool) -> None:
+        finite = rows[:, -1] > 0
+        if not finite.all():  # on an accelerator: found out now, the steps were skipped there
+            self.counters.add("nonfinite_losses", int((~finite).sum()))
+        rows = rows[finite]
+        self.counters.add("updates", len(rows))
+        reports = self.reports[:len(rows)]
+        for i, name in enumerate(("policy", "value", "entropy", "clip_fraction", "lag_mean", "lag_max")):
+            reports[name] = rows[:, i]
+        reports["lr"], reports["replayed"] = self.optimizer.lr, not is_fresh
+        if len(reports):
             try:
-                self.stats.put_many(self.reports[:reported], block=False)
+                self.stats.put_many(reports, block=False)
             except (queue.Full, Closed):
                 pass  # the monitor is behind, or the run is ending: reports are not data
 
@@ -329,12 +412,12 @@ class Updater:
 def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                 fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
                 stop, replay: ReplayBuffer | None = None, lock=None,
-                in_process: bool = False) -> None:
+                in_process: bool = False, publish=None) -> None:
     """Update the shared model from batches until `stop` (a threading or multiprocessing
     Event) is set or the queue closes: the loop of a `BatchSource` feeding an `Updater`,
     in a thread of the trainer or, `in_process`, in a learner process of its own. Learners
     of one model share its statistics lock: `statistics_lock` for threads, `lock` (a
-    multiprocessing lock) for processes."""
+    multiprocessing lock) for processes. `publish`: see `Updater`."""
     if in_process:
         # As for actor processes: the trainer decides how to stop, and its end is theirs.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -343,14 +426,34 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         torch.set_num_threads(1)
         torch.seed()  # forked processes inherit one generator: draw different minibatches
     source = BatchSource(cfg, fragments, replay, counters)
-    updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop)
-    while not stop.is_set():
-        try:
-            got = source.next()
-        except Closed:
-            return
-        if got is not None:
-            updater.train(*got)
+    updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop, publish)
+    try:
+        while not stop.is_set():
+            try:
+                got = source.next()
+            except Closed:
+                return
+            if got is not None:
+                updater.train(*got)
+    finally:
+        updater.flush()
+
+
+class DeviceCopy:
+    """The learners' model on an accelerator (`learners.device: cuda`): a copy of the
+    shared model there, with an optimizer whose statistics live there too (loaded from
+    the shared optimizer's, so that a resumed run goes on where it was). Learner threads
+    train the copy; `publish()` copies its parameters and running statistics into the
+    shared CPU model, the one the actors read and checkpoints save, once every
+    `learners.publish_every` gradient steps: one device-to-host copy per publish, none
+    per gradient step (as TorchBeast's and Sample Factory's GPU learners do)."""
+
+    def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
+                 device: torch.device | str | None = None):
+        self.model = copy.deepcopy(shared).to(device or cfg.learners.device)
+        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.optimizer.load_state_dict(optimizer.state_dict())
+        self.publish = WeightCopy(shared, self.model)
 
 
 class Learners(NamedTuple):
@@ -365,15 +468,22 @@ class Learners(NamedTuple):
 
 def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                    fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
-                   replay: ReplayBuffer | None, context) -> Learners:
-    """Start `learners.num` learners of `learners.mode` on the shared model. Processes
-    come from the multiprocessing `context` and share one lock of it for the model's
-    running statistics; the model and the optimizer statistics must be in shared memory."""
+                   replay: ReplayBuffer | None, context, device_copy: DeviceCopy | None = None
+                   ) -> Learners:
+    """Start `learners.num` learners of `learners.mode` on the shared model, or, given
+    a `device_copy`, threads on that copy, which they publish to the shared model.
+    Processes come from the multiprocessing `context` and share one lock of it for the
+    model's running statistics; the model and the optimizer statistics must be in shared
+    memory."""
     args = (cfg, shared, optimizer, fragments, counters, stats)
+    if device_copy is not None:
+        args = (cfg, device_copy.model, device_copy.optimizer, fragments, counters, stats)
     if cfg.learners.mode == "thread":
         stop = threading.Event()
-        learners = Learners(stop, [threading.Thread(target=run_learner, name=f"a3c-learner-{i}",
-                                                    daemon=True, args=(*args, stop, replay))
+        publish = None if device_copy is None else device_copy.publish
+        learners = Learners(stop, [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
+                                                    args=(*args, stop, replay),
+                                                    kwargs={"publish": publish})
                                    for i in range(cfg.learners.num)])
     else:
         stop, lock = context.Event(), context.Lock()
@@ -400,7 +510,7 @@ def _minibatches(batch: Batch, n: int) -> list[Batch]:
     fragment, never inside one."""
     if n == 1:
         return [batch]
-    parts = torch.randperm(batch.reward.shape[1]).tensor_split(n)
+    parts = torch.randperm(batch.reward.shape[1], device=batch.reward.device).tensor_split(n)
 
     def part(name: str, field, idx):  # whole fragments: recurrent unrolls stay intact
         if field is None:

@@ -18,13 +18,16 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
+from .optim import unless
+
 __all__ = ["LeafNorms", "ObservationNorm", "PopArt", "merge_moments"]
 
 
-def merge_moments(count: float, mean: torch.Tensor, var: torch.Tensor, batch: torch.Tensor
-                  ) -> tuple[float, torch.Tensor, torch.Tensor]:
+def merge_moments(count: float | torch.Tensor, mean: torch.Tensor, var: torch.Tensor,
+                  batch: torch.Tensor) -> tuple[float | torch.Tensor, torch.Tensor, torch.Tensor]:
     """(count, mean, var) of the samples so far merged with `batch` [N, ...] (population
-    variance; Chan et al. 1979, eq. 2.1b)."""
+    variance; Chan et al. 1979, eq. 2.1b). `count` may be a tensor on the batch's device,
+    so that nothing waits for the device."""
     n = batch.shape[0]
     batch_mean = batch.mean(0)
     batch_var = batch.var(0, unbiased=False)
@@ -52,10 +55,10 @@ class ObservationNorm(nn.Module):
     def update(self, obs: torch.Tensor) -> None:
         """Merge a batch of observations [N, *shape] into the statistics."""
         obs = obs.reshape(-1, *self.mean.shape).to(self.mean.device, torch.float64)
-        count, mean, var = merge_moments(float(self.count), self.mean.double(), self.var.double(), obs)
+        count, mean, var = merge_moments(self.count, self.mean.double(), self.var.double(), obs)
         self.mean.copy_(mean)
         self.var.copy_(var)
-        self.count.fill_(count)
+        self.count.copy_(count)
 
 
 class PopArt(nn.Linear):
@@ -79,16 +82,23 @@ class PopArt(nn.Linear):
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the targets; (0, 1) before the first update."""
-        if float(self.debias) == 0.0:
-            return torch.zeros_like(self.first), torch.ones_like(self.first)
-        mean = self.first / self.debias
-        var = self.second / self.debias - mean.pow(2)
-        return mean, var.clamp(min=self.min_std**2).sqrt()
+        # Decided by tensor ops rather than a Python `if`: on an accelerator, reading the
+        # statistics then never waits for the device.
+        started = self.debias > 0
+        debias = torch.where(started, self.debias, torch.ones_like(self.debias))
+        mean = self.first / debias
+        std = (self.second / debias - mean.pow(2)).clamp(min=self.min_std**2).sqrt()
+        return mean, torch.where(started, std, torch.ones_like(std))
 
     @torch.no_grad()
-    def update(self, targets: torch.Tensor) -> None:
+    def update(self, targets: torch.Tensor, ok: torch.Tensor | None = None) -> None:
         """Move the statistics towards a batch of targets and rescale the layer so that
-        its unnormalised outputs do not change."""
+        its unnormalised outputs do not change; where `ok` (a boolean tensor) is false,
+        change nothing (decided on the device: see SharedOptimizer.step)."""
+        with unless(ok, [self.first, self.second, self.debias, self.weight, self.bias]):
+            self._update(targets)
+
+    def _update(self, targets: torch.Tensor) -> None:
         old_mean, old_std = self.stats()
         targets = targets.to(self.first.device, torch.float32)
         self.first.mul_(self.beta).add_(targets.mean(), alpha=1 - self.beta)

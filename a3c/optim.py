@@ -9,12 +9,25 @@ interleave, which is what Hogwild tolerates.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer"]
+__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer", "unless"]
+
+
+@contextlib.contextmanager
+def unless(ok: torch.Tensor | None, tensors: Sequence[torch.Tensor]):
+    """Undo, on the device, what the block does to `tensors` where `ok` (a boolean
+    tensor) is false: an update skipped without the host waiting to read `ok`. None: keep
+    what the block does."""
+    kept = None if ok is None else [t.clone() for t in tensors]
+    yield
+    if kept is not None:
+        for t, old in zip(tensors, kept):
+            t.copy_(torch.where(ok, t, old))
 
 
 class SharedOptimizer:
@@ -30,11 +43,21 @@ class SharedOptimizer:
         self.state[name] = [torch.zeros_like(t).share_memory_() for t in like]
 
     @torch.no_grad()
-    def step(self, grads: Sequence[torch.Tensor]) -> None:
+    def step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None = None) -> None:
+        """One update with these gradients. `ok`, a boolean tensor on the parameters'
+        device, decides there whether the step happens: when it is false, the parameters
+        and the moments keep their values (the step count still advances). A learner on
+        an accelerator passes `isfinite(loss)`, so that skipping a non-finite loss never
+        waits for the device to say whether the loss was finite."""
+        with unless(ok, [*self.params, *(t for name, ts in self.state.items() if name != "step" for t in ts)]):
+            self._step(grads)
+
+    def _step(self, grads: Sequence[torch.Tensor]) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
-        return {"lr": self.lr, **{k: [t.clone() for t in v] for k, v in self.state.items()}}
+        """The learning rate and the statistics, copied to the CPU (what a checkpoint holds)."""
+        return {"lr": self.lr, **{k: [t.to("cpu", copy=True) for t in v] for k, v in self.state.items()}}
 
     def load_state_dict(self, state: dict) -> None:
         missing = set(self.state) - set(state)
@@ -55,8 +78,7 @@ class SharedRMSprop(SharedOptimizer):
         self.alpha = alpha
         self._shared_zeros("square_avg", self.params)
 
-    @torch.no_grad()
-    def step(self, grads: Sequence[torch.Tensor]) -> None:
+    def _step(self, grads: Sequence[torch.Tensor]) -> None:
         for p, g, sq in zip(self.params, grads, self.state["square_avg"], strict=True):
             sq.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
             p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr)
@@ -71,10 +93,11 @@ class SharedAdam(SharedOptimizer):
         self.betas = tuple(betas)
         self._shared_zeros("exp_avg", self.params)
         self._shared_zeros("exp_avg_sq", self.params)
+        # On the CPU wherever the parameters are: the step size is computed from it on the
+        # host, with no wait for a device.
         self.state["step"] = [torch.zeros(1, dtype=torch.float64).share_memory_()]
 
-    @torch.no_grad()
-    def step(self, grads: Sequence[torch.Tensor]) -> None:
+    def _step(self, grads: Sequence[torch.Tensor]) -> None:
         beta1, beta2 = self.betas
         count = self.state["step"][0]
         count.add_(1)  # shared: bias correction follows the total number of updates

@@ -31,7 +31,7 @@ from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
-from .learner import Learners, replay_buffer, start_learners, step_queue
+from .learner import DeviceCopy, Learners, replay_buffer, start_learners, step_queue
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
@@ -123,6 +123,7 @@ class Trainer:
         self.learners = Learners(threading.Event(), [])  # none until train() starts them
         self._restarts = [0] * cfg.actors.num
         self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
+        self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -147,11 +148,13 @@ class Trainer:
             else:
                 # Actors first: while this process runs one thread they can be forked directly.
                 self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+            if torch.device(cfg.learners.device).type != "cpu":  # after the actors' fork
+                self.device_copy = DeviceCopy(cfg, self.model, self.optimizer)
             # Learner processes come from where actor processes do: a fork while this
             # process runs one thread, else the fork server.
             self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
                                            self.counters, self.learner_stats, self.replay,
-                                           _context(fork=torch.device(cfg.learners.device).type == "cpu"))
+                                           _context(), self.device_copy)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
@@ -276,18 +279,20 @@ class Trainer:
     # ---- checkpoints -----------------------------------------------------------------
 
     def save(self, path: Path) -> None:
+        if self.device_copy is not None:  # the learners' newest weights and statistics
+            self.device_copy.publish()
+            self.optimizer.load_state_dict(self.device_copy.optimizer.state_dict())
         save_checkpoint(path, self.model.state_dict(), self.optimizer.state_dict(),
                         config_to_dict(self.cfg), self.counters.snapshot())
 
 
-def _context(fork: bool = True):
+def _context():
     """Where actor (and learner) processes come from. Forking this process is fast (no
     imports) and safe while it runs a single thread, as when a run starts; once learner or
     monitor threads run, a thread may hold a lock the child would inherit locked, so
     restarted actors come from a fork server: a clean process that imported the actor code
-    once. `fork` False: the fork server in any case (CUDA cannot be used in a child forked
-    from a process that has asked torch about CUDA, as the config's check does)."""
-    if fork and threading.active_count() == 1:
+    once."""
+    if threading.active_count() == 1:
         return mp.get_context("fork")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["a3c.actor"])

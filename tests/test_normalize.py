@@ -115,7 +115,7 @@ def test_value_targets_of_hundreds_weigh_like_unit_targets_in_the_loss():
         batch = batch_from_fragments(f)
         model.popart.update(torch.full((10,), -2.0 * scale))  # targets seen so far
         model.popart.update(torch.full((10,), -4.0 * scale))
-        losses.append(compute_loss(model, batch, cfg).stats.value)
+        losses.append(float(compute_loss(model, batch, cfg).stats.value))
     assert losses[1] == pytest.approx(losses[0], rel=1e-4)
 
 

@@ -1,0 +1,214 @@
+"""The learner on an accelerator (`learners.device: cuda`): learner threads train a
+`DeviceCopy` of the shared model, with no wait for the device inside a gradient step, and
+publish it to the shared model the actors read every `learners.publish_every` steps.
+
+The logic is the device's on any device, so it is checked here on the CPU: a batch moved
+whole and cut into fields equals one copied field by field; a learner training a copy
+ends exactly where one training the shared model ends; a non-finite loss skipped on the
+device changes nothing. Where CUDA is visible, a run trains on it and a batch's waits for
+the device do not grow with its gradient steps (skipped, with the reason, elsewhere)."""
+import copy
+import threading
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from a3c.actor import fragment_dtype
+from a3c.config import ConfigError, load_config
+from a3c.learner import Batch, DeviceCopy, Updater, batch_from_fragments, step_queue
+from a3c.model import build_model
+from a3c.optim import SharedAdam
+from a3c.runner import COUNTERS, TIMERS
+from replay import Counters
+
+OBS, ACTIONS, T, B = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2), 4, 4
+ROOT = Path(__file__).resolve().parents[1]
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device is visible")
+
+
+def config(**learners):
+    return load_config({"learners": {"batch_size": B, "epochs": 2, "minibatches": 1, **learners},
+                        "optim": {"lr_schedule": "constant"}})
+
+
+def random_records(dtype: np.dtype, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n records with every leaf field drawn at random for its type."""
+    records = np.zeros(n, dtype)
+
+    def fill(array):
+        if array.dtype.names:
+            for name in array.dtype.names:
+                fill(array[name])
+        elif array.dtype == np.bool_:
+            array[...] = rng.random(array.shape) < 0.5
+        elif np.issubdtype(array.dtype, np.integer):
+            array[...] = rng.integers(0, 100, array.shape)
+        else:
+            array[...] = rng.normal(size=array.shape)
+    fill(records)
+    return records
+
+
+SPACES = {
+    "box": (OBS, ACTIONS, 0),
+    "image": (spaces.Box(0, 255, (10, 10, 3), np.uint8), spaces.MultiBinary(3), 0),
+    "dict": (spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "grid": spaces.Box(0, 1, (5, 5, 2), np.uint8),
+                          "key": spaces.Discrete(3)}), spaces.MultiDiscrete([3, 2]), 0),
+    "recurrent": (OBS, spaces.Box(-1, 1, (2,)), 6),
+}
+
+
+def leaves(batch: Batch):
+    for name, field in zip(Batch._fields, batch):
+        for key, value in (field.items() if isinstance(field, dict) else [("", field)]):
+            yield f"{name}{'.' + key if key else ''}", value
+
+
+@pytest.mark.parametrize("space", SPACES)
+def test_a_batch_moved_whole_and_cut_into_fields_equals_one_copied_field_by_field(space):
+    obs_space, action_space, state_size = SPACES[space]
+    records = random_records(fragment_dtype(obs_space, action_space, T, state_size), B,
+                             np.random.default_rng(0))
+    by_field = dict(leaves(batch_from_fragments(records, whole=False)))
+    whole = dict(leaves(batch_from_fragments(records, whole=True)))
+    assert by_field.keys() == whole.keys()
+    for name, expected in by_field.items():
+        if expected is None:
+            assert whole[name] is None, name
+            continue
+        assert whole[name].dtype == expected.dtype and whole[name].shape == expected.shape, name
+        assert torch.equal(whole[name], expected), name
+
+
+def batches(n, seed=0, reward=None):
+    """n batches of B random fragments acted by policy version 0 (rewards: `reward` if given)."""
+    rng = np.random.default_rng(seed)
+    out = np.zeros((n, B), fragment_dtype(OBS, ACTIONS, T))
+    out["obs"] = rng.uniform(-1, 1, out["obs"].shape)
+    out["last_obs"] = rng.uniform(-1, 1, out["last_obs"].shape)
+    out["reward"] = rng.normal(size=out["reward"].shape) if reward is None else reward
+    out["action"] = rng.integers(0, 2, out["action"].shape)
+    out["logp"] = np.log(0.5)
+    return out
+
+
+def tiny_model():
+    torch.manual_seed(0)
+    return build_model(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
+
+
+class Run:
+    """An Updater on a tiny shared model, or on a DeviceCopy of it (on the CPU)."""
+
+    def __init__(self, cfg, on_copy: bool):
+        self.shared = tiny_model()
+        self.optimizer = SharedAdam(self.shared.parameters(), cfg.optim.lr)
+        self.counters, self.steps = Counters(COUNTERS, TIMERS), step_queue()
+        self.copy = DeviceCopy(cfg, self.shared, self.optimizer, device="cpu") if on_copy else None
+        model, optimizer = (self.copy.model, self.copy.optimizer) if on_copy else (self.shared, self.optimizer)
+        self.updater = Updater(cfg, model, optimizer, self.counters, self.steps, threading.Lock(),
+                               publish=self.copy.publish if on_copy else None)
+
+    def close(self):
+        self.counters.close()
+        self.steps.close()
+
+
+@pytest.fixture
+def runs():
+    made = []
+    yield lambda *args: made.append(Run(*args)) or made[-1]
+    for run in made:
+        run.close()
+
+
+def assert_same(mine: dict, theirs: dict, what: str):
+    for (name, a), b in zip(mine.items(), theirs.values(), strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=0, msg=lambda m, name=name: f"{what} {name}: {m}")
+
+
+def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_model_ends(runs):
+    """The same batches: the copy's parameters, statistics and Adam moments equal the
+    direct learner's; the shared model receives them at a publish (every 3 steps here:
+    after 10 steps it lags, until the learner's last publish), and the policy version
+    counts every step once published."""
+    cfg = config(publish_every=3)
+    direct, device = runs(cfg, False), runs(cfg, True)
+    for batch in batches(5):  # 10 gradient steps
+        direct.updater.train(batch, True)
+        device.updater.train(batch, True)
+    assert_same(direct.shared.state_dict(), device.copy.model.state_dict(), "copy")
+    for name, tensors in direct.optimizer.state.items():
+        for a, b in zip(tensors, device.copy.optimizer.state[name], strict=True):
+            torch.testing.assert_close(b, a, rtol=0, atol=0, msg=f"optimizer {name}")
+    assert device.counters["updates"] == direct.counters["updates"] == 10
+    assert device.counters["policy_version"] == 9  # 3 publishes of 3 steps
+    assert not torch.equal(device.shared.policy_head.weight, device.copy.model.policy_head.weight)
+    device.updater.flush()  # what run_learner does as it ends
+    assert device.counters["policy_version"] == 10
+    assert_same(direct.shared.state_dict(), device.shared.state_dict(), "shared")
+    assert len(device.steps.get_many(100, block=False)) == 10  # every step reported
+
+
+def test_a_non_finite_loss_on_the_device_is_skipped_there_changes_nothing_and_is_counted(runs):
+    run = runs(config(), True)
+    before = copy.deepcopy(run.copy.model.state_dict())
+    run.updater.train(batches(1, reward=np.nan)[0], True)
+    after = run.copy.model.state_dict()
+    for name, value in before.items():
+        if "obs_norm" not in name:  # observations are finite, and counted before any step
+            torch.testing.assert_close(after[name], value, rtol=0, atol=0, msg=name)
+    assert all((t == 0).all() for name, ts in run.copy.optimizer.state.items() if name != "step" for t in ts)
+    assert run.counters["nonfinite_losses"] == 2 and run.counters["updates"] == 0
+
+
+def test_process_learners_on_cuda_are_refused_with_what_to_use():
+    with pytest.raises(ConfigError, match="learners.mode: process with learners.device 'cuda' is not supported"):
+        load_config({"learners": {"mode": "process", "device": "cuda"}})
+
+
+@CUDA
+def test_a_batch_on_cuda_waits_for_the_device_no_more_often_with_more_gradient_steps(runs):
+    """Waits for the device (torch's sync debug mode counts them) per batch with 2 and
+    with 16 gradient steps: the same number, so none is inside a step."""
+    def waits(cfg):
+        shared = tiny_model()
+        copy_ = DeviceCopy(cfg, shared, SharedAdam(shared.parameters(), cfg.optim.lr), device="cuda")
+        counters, steps = Counters(COUNTERS, TIMERS), step_queue()
+        try:
+            updater = Updater(cfg, copy_.model, copy_.optimizer, counters, steps, threading.Lock(),
+                              publish=copy_.publish)
+            data = batches(2)
+            updater.train(data[0], True)  # warm up: allocations, the first publish
+            torch.cuda.set_sync_debug_mode("warn")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                updater.train(data[1], True)
+            return sum("synchroniz" in str(w.message) for w in caught)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+            counters.close()
+            steps.close()
+
+    few = waits(config(epochs=1, minibatches=2, publish_every=1000))
+    many = waits(config(epochs=4, minibatches=4, publish_every=1000))
+    assert many == few, f"{few} waits with 2 gradient steps, {many} with 16"
+
+
+@CUDA
+def test_cartpole_trains_with_the_learner_on_cuda_and_its_checkpoint_loads(tmp_path):
+    """The shared model (what actors read and the checkpoint holds) receives what the
+    GPU learner learned: a short run ends above a random policy's return of about 22."""
+    from a3c import A3C
+    from a3c.api import evaluate
+    agent = A3C(ROOT / "configs" / "cartpole.yaml", learners__device="cuda", total_timesteps=30_000,
+                logging__run_root=str(tmp_path), logging__progress=False)
+    agent.learn()
+    assert agent.num_timesteps >= 30_000 and agent.counters["updates"] > 0
+    loaded = A3C.load(agent.run_dir)
+    assert all(p.device.type == "cpu" for p in loaded.model.parameters())
+    assert evaluate(loaded.model, loaded.config, episodes=5).mean() > 50
