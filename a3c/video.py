@@ -42,7 +42,10 @@ def record_video(model: torch.nn.Module, cfg: Config, path: str | os.PathLike, e
     import av  # the 'video' extra; imported first, so that its absence is told before any work
 
     made = _rendering_env(cfg, env)
-    fps = Fraction(made.metadata.get("render_fps") or 30).limit_denominator(1001)
+    # A frame per agent step: where each step plays several of the environment's frames
+    # (Atari's frame skip), the video plays at the matching fraction of its frame rate.
+    fps = Fraction(made.metadata.get("render_fps") or 30) / _frames_per_step(made)
+    fps = fps.limit_denominator(1001)
     returns = np.empty(0)
 
     def write(file) -> None:
@@ -82,6 +85,22 @@ def _rendering_env(cfg: Config, env_factory: Callable[..., gym.Env] | None) -> g
         raise VideoError(f"env.id {cfg.env.id!r} cannot render rgb_array frames for a video "
                          f"(its render modes: {modes})")
     return env
+
+
+def _frames_per_step(env: gym.Env) -> int:
+    """The environment's frames an agent step spans: the product of the frame skips of
+    its wrappers (`frame_skip`, as AtariPreprocessing's; `_skip`, as
+    MaxAndSkipObservation's) and the registered environment's own fixed `frameskip`."""
+    frames = 1
+    while isinstance(env, gym.Wrapper):
+        for name in ("frame_skip", "_skip"):
+            skip = vars(env).get(name)
+            if isinstance(skip, int) and skip > 1:
+                frames *= skip
+        env = env.env
+    spec = env.spec
+    skip = spec.kwargs.get("frameskip", 1) if spec is not None else 1
+    return frames * (skip if isinstance(skip, int) and skip > 1 else 1)
 
 
 def _frame(env: gym.Env, cfg: Config) -> np.ndarray:

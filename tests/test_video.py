@@ -106,6 +106,36 @@ def test_video_of_an_environment_made_by_a_factory(tmp_path):
     assert frames.shape == (4, 400, 600, 3)
 
 
+class SkipFrames(gym.Wrapper):
+    """Each step plays `frame_skip` steps of the environment, as Atari's preprocessing does."""
+
+    def __init__(self, env, frame_skip):
+        super().__init__(env)
+        self.frame_skip = frame_skip
+
+    def step(self, action):
+        total = 0.0
+        for _ in range(self.frame_skip):
+            obs, reward, terminated, truncated, info = self.env.step(action)
+            total += reward
+            if terminated or truncated:
+                break
+        return obs, total, terminated, truncated, info
+
+
+def cartpole_skipping_2_frames(render_mode=None):
+    return SkipFrames(gym.make("CartPole-v1", render_mode=render_mode), frame_skip=2)
+
+
+@needs_video
+def test_a_video_of_an_env_that_skips_frames_plays_at_the_matching_fraction_of_its_rate(tmp_path):
+    agent = A3C(CONFIG, env=cartpole_skipping_2_frames)
+    out = tmp_path / "out.mp4"
+    record_video(agent.model, agent.config, out, env=agent.env_factory)
+    _, rate = read_video(out)
+    assert rate == 25  # CartPole's 50 frames a second, 2 of them per step
+
+
 @needs_video
 def test_a_recording_that_fails_leaves_no_file_under_the_name(checkpoint, tmp_path):
     agent = A3C.load(checkpoint)
