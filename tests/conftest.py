@@ -1,8 +1,10 @@
 """Checks shared by every test module, and the helpers several modules use (imported
 with `from conftest import ...`, as `waiting` is)."""
+import contextlib
 import gc
 import os
 import signal
+import subprocess
 import sys
 from collections import deque
 from pathlib import Path
@@ -69,6 +71,20 @@ def _stat(pid) -> list[str] | None:
     except OSError:
         return None
     return text.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+
+
+@contextlib.contextmanager
+def own_process_group(args, **kwargs):
+    """A subprocess in a process group of its own, as a terminal starts a job (so that a
+    signal to the group reaches all its processes); if it still runs when the block ends,
+    its whole group is killed, so that no test leaves a process behind."""
+    proc = subprocess.Popen(args, start_new_session=True, **kwargs)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def running(pid) -> bool:

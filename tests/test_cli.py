@@ -26,7 +26,7 @@ from a3c.files import write_atomically
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 
-from conftest import A3C_CLI, assert_one_line_error, descendants, running, segments_of
+from conftest import A3C_CLI, assert_one_line_error, descendants, own_process_group, running, segments_of
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
@@ -265,13 +265,13 @@ def test_eval_of_a_folder_without_checkpoint_is_a_one_line_error(tmp_path):
 STOP_S = 30  # a stopped run writes its checkpoint and is gone within this
 
 
-def start_a_long_run(run_root, *overrides):
+def a_long_run(run_root, *overrides):
     """A process-mode run with a budget of hours, in a process group of its own, that
-    writes a checkpoint every 0.5 s."""
-    return subprocess.Popen(
+    writes a checkpoint every 0.5 s (a context manager: killed if it still runs at the end)."""
+    return own_process_group(
         [*A3C, "train", str(CONFIG), *TINY, "actors.mode=process", "total_timesteps=100000000",
          "checkpoint.interval_s=0.5", f"logging.run_root={run_root}", *overrides],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_until_it_trains(proc, run_root):
@@ -289,8 +289,7 @@ def wait_until_it_trains(proc, run_root):
 def stop_a_long_run(run_root, send, *overrides):
     """Start a long run, wait until it trains, stop it with `send(proc)`; return the run
     folder, the run's stderr, its workers' pids, when it was stopped and how long it took."""
-    proc = start_a_long_run(run_root, *overrides)
-    try:
+    with a_long_run(run_root, *overrides) as proc:
         run_dir = wait_until_it_trains(proc, run_root)
         workers = descendants(proc.pid)
         assert len(workers) >= 2  # the actor processes (and multiprocessing's fork server)
@@ -302,10 +301,6 @@ def stop_a_long_run(run_root, send, *overrides):
             raise AssertionError(f"the run did not stop within {STOP_S} s (exit code "
                                  f"{proc.poll()}); running: {[p for p in workers if running(p)]}") from None
         took = time.monotonic() - started
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert f"interrupted; checkpoint written to {run_dir / 'checkpoint.pt'}" in stderr

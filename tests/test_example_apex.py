@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import running, segments_of
+from conftest import own_process_group, running, segments_of
 
 pytest.importorskip("torch")
 pytest.importorskip("gymnasium")
@@ -49,10 +49,9 @@ def test_runs_end_to_end_and_cleans_up():
 
 def test_ctrl_c_leaves_no_process_or_shared_memory():
     marker = "--seed 918273"
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--steps", "1000000", "--actors", "2",
-                             *marker.split()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
-    try:
+    with own_process_group([sys.executable, str(SCRIPT), "--steps", "1000000", "--actors", "2",
+                            *marker.split()], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True) as proc:
         for line in proc.stdout:  # warnings may come first
             if "actors" in line and "started" in line:
                 break
@@ -61,10 +60,6 @@ def test_ctrl_c_leaves_no_process_or_shared_memory():
         time.sleep(1.0)
         os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
         output, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, output
     assert "Traceback" not in output, output
     deadline = time.monotonic() + 5

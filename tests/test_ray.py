@@ -35,7 +35,7 @@ from a3c.remote import Pump  # noqa: E402
 from a3c.runner import COUNTERS, TIMERS, Trainer  # noqa: E402
 from replay import ArrayQueue, Closed, Counters  # noqa: E402
 
-from conftest import A3C_CLI, assert_one_line_error, descendants, running  # noqa: E402
+from conftest import A3C_CLI, assert_one_line_error, descendants, own_process_group, running  # noqa: E402
 from waiting import wait_until  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -325,12 +325,11 @@ def test_a_worker_node_removed_mid_run_costs_a_restart_and_its_fragments_and_the
 # ------------------------------------------------------------------------ the command line
 def test_sigterm_during_a_ray_run_leaves_no_process_of_the_run_or_of_its_ray_instance(tmp_path):
     """Through the command line, which starts a Ray instance of its own (ray.address null)."""
-    proc = subprocess.Popen(
-        [*A3C_CLI, "train", str(CARTPOLE), "actors.mode=ray", "actors.num=1",
-         "total_timesteps=100000000", "logging.progress=false", "checkpoint.interval_s=0",
-         f"logging.run_root={tmp_path}"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
+    with own_process_group(
+            [*A3C_CLI, "train", str(CARTPOLE), "actors.mode=ray", "actors.num=1",
+             "total_timesteps=100000000", "logging.progress=false", "checkpoint.interval_s=0",
+             f"logging.run_root={tmp_path}"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
         def acting():
             assert proc.poll() is None, proc.communicate()[1]
             return any("RemoteActor.sample" in cmdline(pid) for pid in descendants(proc.pid))
@@ -343,10 +342,6 @@ def test_sigterm_during_a_ray_run_leaves_no_process_of_the_run_or_of_its_ray_ins
         assert_loopback_only(pids)
         proc.send_signal(signal.SIGTERM)
         _, stderr = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr
     assert "interrupted; checkpoint written to" in stderr
