@@ -79,7 +79,9 @@ def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cp
             array = fragments
             for name in path:
                 array = array[name]
-            return torch.from_numpy(np.ascontiguousarray(array))
+            # A copy, always: numpy calls a field of one record contiguous whatever its
+            # strides, which torch cannot take.
+            return torch.from_numpy(np.array(array, order="C"))
     else:
         raw = torch.from_numpy(fragments.view(np.uint8).reshape(len(fragments), -1))
         column = _columns(raw.to(device, non_blocking=True), fragments.dtype)
@@ -120,7 +122,10 @@ def _columns(raw: torch.Tensor, dtype: np.dtype):
                 values = values.reshape(*lead, field.base.itemsize)
                 sub = field.base
         base = torch.from_numpy(np.empty(0, sub.base)).dtype
-        return values.contiguous().view(base).reshape(*lead, *sub.shape)  # a copy on the device
+        # A copy on the device, always: a slice that is contiguous already (one record)
+        # may start at an offset the field's type cannot be read from.
+        values = values.clone(memory_format=torch.contiguous_format)
+        return values.view(base).reshape(*lead, *sub.shape)
     return column
 
 
@@ -224,8 +229,9 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
     Below the floor they keep their size, and steps stay in proportion to what they say."""
     if not normalize:
         return advantages
-    std = torch.maximum(advantages.std(), torch.as_tensor(floor, dtype=advantages.dtype,
-                                                          device=advantages.device))
+    std = advantages.std()
+    # A float floor stays on the host: making it a device tensor would wait for the device.
+    std = torch.maximum(std, floor) if torch.is_tensor(floor) else std.clamp(min=floor)
     return (advantages - advantages.mean()) / (std + 1e-8)
 
 
@@ -320,15 +326,15 @@ class Updater:
     model) nothing in a gradient step waits for the device: a non-finite loss skips its
     step on the device (the optimizer's `ok`), the losses are read once per batch, and
     `publish()` copies the model to the actors' every `learners.publish_every` steps,
-    which is when the policy version advances."""
+    which is when the policy version advances (by the steps published, skipped or not)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                  counters: Counters, stats: ArrayQueue, lock=None, stop=None, publish=None):
         self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
         self.stop = stop  # once set, no further gradient step: the run is ending
         self.publish, self.unpublished = publish, 0  # steps since the last publish
-        self.device = torch.device(cfg.learners.device)
-        self.local = copy.deepcopy(shared).to(self.device)
+        self.device = next(shared.parameters()).device  # where the model it trains lives
+        self.local = copy.deepcopy(shared)
         self.copy_weights = WeightCopy(self.local, shared)
         self.local_params = [p for p in self.local.parameters() if p.requires_grad]
         self.shared_params = [p for p in shared.parameters() if p.requires_grad]
@@ -371,9 +377,11 @@ class Updater:
                 self._advance()
                 lag = (version - part.version).float()  # learner version minus the one that acted
                 rows.append(torch.stack([*loss_stats, lag.mean(), lag.max(), finite.float()]))
-        counters.add("learner_update_s", time.perf_counter() - started)
         if rows:
-            self._report(torch.stack(rows).cpu().numpy(), is_fresh)  # the batch's one wait
+            # The batch's one wait for the device. Once it returns, the batch's transfer
+            # from its pinned buffer is done too, and the buffer may take the next batch.
+            self._report(torch.stack(rows).cpu().numpy(), is_fresh)
+        counters.add("learner_update_s", time.perf_counter() - started)
 
     def _advance(self) -> None:
         """A gradient step is done: a new policy version, now on the CPU (where it is the
@@ -445,8 +453,10 @@ class DeviceCopy:
     the shared optimizer's, so that a resumed run goes on where it was). Learner threads
     train the copy; `publish()` copies its parameters and running statistics into the
     shared CPU model, the one the actors read and checkpoints save, once every
-    `learners.publish_every` gradient steps: one device-to-host copy per publish, none
-    per gradient step (as TorchBeast's and Sample Factory's GPU learners do)."""
+    `learners.publish_every` gradient steps. The learner waits for the device there and
+    once per batch, never inside a gradient step (as in TorchBeast's and Sample Factory's
+    GPU learners). `device` (default: `learners.device`) lets a test put the copy on the
+    CPU, where the same logic runs."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                  device: torch.device | str | None = None):

@@ -137,9 +137,8 @@ def _encode(obs: torch.Tensor, space: gym.Space, image: bool) -> torch.Tensor:
     if isinstance(space, gym.spaces.Discrete):
         return F.one_hot(obs.long() - int(space.start), int(space.n)).float()
     if isinstance(space, gym.spaces.MultiDiscrete):
-        shifted = obs.long() - torch.as_tensor(space.start, device=obs.device)
-        return torch.cat([F.one_hot(shifted[:, i], int(n)).float()
-                          for i, n in enumerate(space.nvec)], dim=-1)
+        return torch.cat([F.one_hot(obs[:, i].long() - int(start), int(n)).float()  # no host-to-device copy
+                          for i, (start, n) in enumerate(zip(space.start, space.nvec))], dim=-1)
     x = obs.float()
     if space.dtype == np.uint8:
         x = x * (1.0 / 255.0)

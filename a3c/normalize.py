@@ -18,7 +18,6 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from .optim import unless
 
 __all__ = ["LeafNorms", "ObservationNorm", "PopArt", "merge_moments"]
 
@@ -82,32 +81,40 @@ class PopArt(nn.Linear):
 
     def stats(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(mean, std) of the targets; (0, 1) before the first update."""
-        # Decided by tensor ops rather than a Python `if`: on an accelerator, reading the
-        # statistics then never waits for the device.
-        started = self.debias > 0
-        debias = torch.where(started, self.debias, torch.ones_like(self.debias))
-        mean = self.first / debias
-        std = (self.second / debias - mean.pow(2)).clamp(min=self.min_std**2).sqrt()
-        return mean, torch.where(started, std, torch.ones_like(std))
+        return self._stats(self.first, self.second, self.debias)
+
+    def _stats(self, first: torch.Tensor, second: torch.Tensor, debias: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        if debias.device.type == "cpu":  # reading a value on the CPU costs no wait
+            if float(debias) == 0.0:
+                return torch.zeros_like(first), torch.ones_like(first)
+            mean = first / debias
+            return mean, (second / debias - mean.pow(2)).clamp(min=self.min_std**2).sqrt()
+        # On an accelerator, decided by tensor ops: reading the statistics never waits.
+        started = debias > 0
+        debias = torch.where(started, debias, 1.0)
+        mean = first / debias
+        std = (second / debias - mean.pow(2)).clamp(min=self.min_std**2).sqrt()
+        return mean, torch.where(started, std, 1.0)
 
     @torch.no_grad()
     def update(self, targets: torch.Tensor, ok: torch.Tensor | None = None) -> None:
         """Move the statistics towards a batch of targets and rescale the layer so that
         its unnormalised outputs do not change; where `ok` (a boolean tensor) is false,
         change nothing (decided on the device: see SharedOptimizer.step)."""
-        with unless(ok, [self.first, self.second, self.debias, self.weight, self.bias]):
-            self._update(targets)
-
-    def _update(self, targets: torch.Tensor) -> None:
         old_mean, old_std = self.stats()
         targets = targets.to(self.first.device, torch.float32)
-        self.first.mul_(self.beta).add_(targets.mean(), alpha=1 - self.beta)
-        self.second.mul_(self.beta).add_(targets.pow(2).mean(), alpha=1 - self.beta)
-        self.debias.mul_(self.beta).add_(1 - self.beta)
-        new_mean, new_std = self.stats()
+        first = self.first * self.beta + targets.mean() * (1 - self.beta)
+        second = self.second * self.beta + targets.pow(2).mean() * (1 - self.beta)
+        debias = self.debias * self.beta + (1 - self.beta)
+        new_mean, new_std = self._stats(first, second, debias)
         # w' = w std / std',  b' = (std b + mean - mean') / std'
-        self.weight.mul_(old_std / new_std)
-        self.bias.mul_(old_std).add_(old_mean - new_mean).div_(new_std)
+        weight = self.weight * (old_std / new_std)
+        bias = (self.bias * old_std + old_mean - new_mean) / new_std
+        # Each tensor written once; where `ok` is false, with its own value.
+        for mine, new in ((self.first, first), (self.second, second), (self.debias, debias),
+                          (self.weight, weight), (self.bias, bias)):
+            mine.copy_(new if ok is None else torch.where(ok, new, mine))
 
 
 class LeafNorms(nn.Module):

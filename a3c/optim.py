@@ -9,25 +9,12 @@ interleave, which is what Hogwild tolerates.
 """
 from __future__ import annotations
 
-import contextlib
 import math
 from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer", "unless"]
-
-
-@contextlib.contextmanager
-def unless(ok: torch.Tensor | None, tensors: Sequence[torch.Tensor]):
-    """Undo, on the device, what the block does to `tensors` where `ok` (a boolean
-    tensor) is false: an update skipped without the host waiting to read `ok`. None: keep
-    what the block does."""
-    kept = None if ok is None else [t.clone() for t in tensors]
-    yield
-    if kept is not None:
-        for t, old in zip(tensors, kept):
-            t.copy_(torch.where(ok, t, old))
+__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer"]
 
 
 class SharedOptimizer:
@@ -46,13 +33,19 @@ class SharedOptimizer:
     def step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None = None) -> None:
         """One update with these gradients. `ok`, a boolean tensor on the parameters'
         device, decides there whether the step happens: when it is false, the parameters
-        and the moments keep their values (the step count still advances). A learner on
-        an accelerator passes `isfinite(loss)`, so that skipping a non-finite loss never
-        waits for the device to say whether the loss was finite."""
-        with unless(ok, [*self.params, *(t for name, ts in self.state.items() if name != "step" for t in ts)]):
-            self._step(grads)
+        and the moments keep their values (Adam's step count still advances). A learner
+        on an accelerator passes `isfinite(loss)`, so that skipping a non-finite loss
+        never waits for the device to say whether the loss was finite.
 
-    def _step(self, grads: Sequence[torch.Tensor]) -> None:
+        With `ok` each tensor is still written once, in place, as without it: the step's
+        factors are picked on the device (a factor of 1 and a zero gradient leave a
+        moment as it is), so a learner that reads the tensors meanwhile never sees a
+        half-taken step, and a skipped step lets NaN into none of them."""
+        if ok is not None:
+            grads = [torch.where(ok, g, 0.0) for g in grads]  # a non-finite loss's are NaN
+        self._step(grads, ok)
+
+    def _step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None) -> None:
         raise NotImplementedError
 
     def state_dict(self) -> dict:
@@ -78,10 +71,11 @@ class SharedRMSprop(SharedOptimizer):
         self.alpha = alpha
         self._shared_zeros("square_avg", self.params)
 
-    def _step(self, grads: Sequence[torch.Tensor]) -> None:
+    def _step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None) -> None:
+        alpha = self.alpha if ok is None else torch.where(ok, self.alpha, 1.0)
         for p, g, sq in zip(self.params, grads, self.state["square_avg"], strict=True):
-            sq.mul_(self.alpha).addcmul_(g, g, value=1 - self.alpha)
-            p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr)
+            sq.mul_(alpha).addcmul_(g, g, value=1 - self.alpha)
+            p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr)  # g is 0 when skipped
 
 
 class SharedAdam(SharedOptimizer):
@@ -97,7 +91,7 @@ class SharedAdam(SharedOptimizer):
         # host, with no wait for a device.
         self.state["step"] = [torch.zeros(1, dtype=torch.float64).share_memory_()]
 
-    def _step(self, grads: Sequence[torch.Tensor]) -> None:
+    def _step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None) -> None:
         beta1, beta2 = self.betas
         count = self.state["step"][0]
         count.add_(1)  # shared: bias correction follows the total number of updates
@@ -108,11 +102,14 @@ class SharedAdam(SharedOptimizer):
         # variant, makes eps act 1/sqrt(1 - beta2^t) times larger: 32x at the first step
         # and still 1.26x after 1000 with beta2 0.999.)
         v_correction = math.sqrt(1 - beta2**t)
+        decay1, decay2 = (beta1, beta2) if ok is None else (torch.where(ok, beta1, 1.0),
+                                                            torch.where(ok, beta2, 1.0))
         for p, g, m, v in zip(self.params, grads, self.state["exp_avg"], self.state["exp_avg_sq"],
                               strict=True):
-            m.mul_(beta1).add_(g, alpha=1 - beta1)
-            v.mul_(beta2).addcmul_(g, g, value=1 - beta2)
-            p.addcdiv_(m, v.sqrt().div_(v_correction).add_(self.eps), value=-step_size)
+            m.mul_(decay1).add_(g, alpha=1 - beta1)
+            v.mul_(decay2).addcmul_(g, g, value=1 - beta2)
+            p.addcdiv_(m if ok is None else torch.where(ok, m, 0.0),
+                       v.sqrt().div_(v_correction).add_(self.eps), value=-step_size)
 
 
 def build_optimizer(params, cfg) -> SharedOptimizer:

@@ -19,7 +19,7 @@ from gymnasium import spaces
 
 from a3c.actor import fragment_dtype
 from a3c.config import ConfigError, load_config
-from a3c.learner import Batch, DeviceCopy, Updater, batch_from_fragments, step_queue
+from a3c.learner import Batch, DeviceCopy, Updater, _records, batch_from_fragments, step_queue
 from a3c.model import build_model
 from a3c.optim import SharedAdam
 from a3c.runner import COUNTERS, TIMERS
@@ -68,10 +68,11 @@ def leaves(batch: Batch):
             yield f"{name}{'.' + key if key else ''}", value
 
 
+@pytest.mark.parametrize("n", [1, B])  # one record: a contiguous slice at an odd offset
 @pytest.mark.parametrize("space", SPACES)
-def test_a_batch_moved_whole_and_cut_into_fields_equals_one_copied_field_by_field(space):
+def test_a_batch_moved_whole_and_cut_into_fields_equals_one_copied_field_by_field(space, n):
     obs_space, action_space, state_size = SPACES[space]
-    records = random_records(fragment_dtype(obs_space, action_space, T, state_size), B,
+    records = random_records(fragment_dtype(obs_space, action_space, T, state_size), n,
                              np.random.default_rng(0))
     by_field = dict(leaves(batch_from_fragments(records, whole=False)))
     whole = dict(leaves(batch_from_fragments(records, whole=True)))
@@ -174,15 +175,17 @@ def test_process_learners_on_cuda_are_refused_with_what_to_use():
 @CUDA
 def test_a_batch_on_cuda_waits_for_the_device_no_more_often_with_more_gradient_steps(runs):
     """Waits for the device (torch's sync debug mode counts them) per batch with 2 and
-    with 16 gradient steps: the same number, so none is inside a step."""
+    with 16 gradient steps: the same number, so none is inside a step. The batches lie
+    in pinned memory, as a learner's do."""
     def waits(cfg):
         shared = tiny_model()
-        copy_ = DeviceCopy(cfg, shared, SharedAdam(shared.parameters(), cfg.optim.lr), device="cuda")
+        copy_ = DeviceCopy(cfg, shared, SharedAdam(shared.parameters(), cfg.optim.lr))
         counters, steps = Counters(COUNTERS, TIMERS), step_queue()
         try:
             updater = Updater(cfg, copy_.model, copy_.optimizer, counters, steps, threading.Lock(),
                               publish=copy_.publish)
-            data = batches(2)
+            data = _records(2 * B, batches(1).dtype, pinned=True).reshape(2, B)
+            data[...] = batches(2)
             updater.train(data[0], True)  # warm up: allocations, the first publish
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:
@@ -194,8 +197,8 @@ def test_a_batch_on_cuda_waits_for_the_device_no_more_often_with_more_gradient_s
             counters.close()
             steps.close()
 
-    few = waits(config(epochs=1, minibatches=2, publish_every=1000))
-    many = waits(config(epochs=4, minibatches=4, publish_every=1000))
+    few = waits(config(device="cuda", epochs=1, minibatches=2, publish_every=1000))
+    many = waits(config(device="cuda", epochs=4, minibatches=4, publish_every=1000))
     assert many == few, f"{few} waits with 2 gradient steps, {many} with 16"
 
 
