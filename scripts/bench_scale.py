@@ -19,7 +19,8 @@ moves against `ray.get` alone. Side by side in one run.
    the other, as on a cluster, where the actors' cores are not the trainer's.
    Bar: the pump moves >= 90% of the MB/s of ray.get alone.
 3. Learners against their count: gradient steps per second of 1, 2, ... learners
-   (--learners), as threads and as processes (learners.mode), on the shipped CartPole and
+   (--learners), as threads and as processes (learners.mode) and, where CUDA is visible,
+   as threads training a copy of the model on the GPU (learners.device cuda), on the shipped CartPole and
    MinAtar Breakout configs' models and batches, fed by a thread that keeps the queue full
    of ready-made fragments (no actors: the learners alone). Medians of rounds that
    alternate the settings; the speed-up is over one learner of the same mode.
@@ -56,19 +57,22 @@ LEARNER_CONFIGS = {"cartpole": ROOT / "configs" / "cartpole.yaml",
 
 
 def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup: float = 2.0) -> float:
-    """Gradient steps per second of `num` learners of `mode` on `task`'s config, fed
-    ready-made fragments as fast as they take them."""
+    """Gradient steps per second of `num` learners of `mode` (thread, process, or cuda:
+    threads on a GPU copy) on `task`'s config, fed ready-made fragments as fast as they
+    take them."""
     import multiprocessing as mp
 
     import torch
     from a3c.actor import fragment_dtype
     from a3c.config import load_config
-    from a3c.learner import start_learners, step_queue
+    from a3c.learner import DeviceCopy, start_learners, step_queue
     from a3c.optim import build_optimizer
     from a3c.runner import COUNTERS, TIMERS, build_default_model
     from replay import ArrayQueue, Closed, Counters
 
-    cfg = load_config(LEARNER_CONFIGS[task], [f"learners.mode={mode}", f"learners.num={num}"])
+    on_gpu = mode == "cuda"
+    cfg = load_config(LEARNER_CONFIGS[task], [f"learners.mode={'thread' if on_gpu else mode}",
+                                              f"learners.num={num}", f"learners.device={'cuda' if on_gpu else 'cpu'}"])
     torch.set_num_threads(1)
     model = build_default_model(cfg)  # for the config's environment, as a run builds it
     model.share_memory()
@@ -94,7 +98,8 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
 
     # Learner processes fork while this process runs one thread; then the feeder starts.
     learners = start_learners(cfg, model, optimizer, fragments, counters, steps, None,
-                              mp.get_context("fork"))
+                              mp.get_context("fork"),
+                              DeviceCopy(cfg, model, optimizer) if on_gpu else None)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
     try:
@@ -113,8 +118,10 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
 
 
 def learner_rounds(args) -> None:
-    settings = [(task, mode, num) for task in args.learner_tasks for mode in ("thread", "process")
-                for num in args.learners]
+    import torch
+
+    modes = ("thread", "process", *(["cuda"] if torch.cuda.is_available() else []))
+    settings = [(task, mode, num) for task in args.learner_tasks for mode in modes for num in args.learners]
     print(f"\n== learners against their count, fed ready-made fragments (no actors); "
           f"{args.seconds:g} s per measurement, {args.rounds} rounds", flush=True)
     runs: dict[tuple, list[float]] = {setting: [] for setting in settings}
