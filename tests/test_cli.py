@@ -293,7 +293,11 @@ def stop_a_long_run(run_root, send, *overrides):
         run_dir = wait_until_it_trains(proc, run_root)
         workers = descendants(proc.pid)
         assert len(workers) >= 2  # the actor processes (and multiprocessing's fork server)
-        stopped_at, started = time.time(), time.monotonic()
+        # The moment of the stop as a file's mtime, taken from the same (coarse) clock as
+        # the checkpoint's: time.time() can be a few ms ahead of the file system's.
+        marker = Path(run_root) / "stopped-at"
+        marker.touch()
+        stopped_at, started = marker.stat().st_mtime, time.monotonic()
         send(proc)
         try:
             _, stderr = proc.communicate(timeout=STOP_S)
