@@ -167,6 +167,7 @@ class Result:
     window: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     hit: tuple[float, int] | None = None  # (wall seconds from launch, env steps)
     lowest: float = float("nan")  # the lowest last-100 mean from the first hit on
+    lowest_at: int = 0  # the env steps then
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
@@ -181,9 +182,9 @@ class Result:
         mean, now = float(np.mean(self.window)), time.perf_counter() - self.start
         self.curve.append((now, step, mean))
         if self.hit is None and mean >= self.threshold:
-            self.hit, self.lowest = (now, step), mean
-        if self.hit is not None:
-            self.lowest = min(self.lowest, mean)
+            self.hit, self.lowest, self.lowest_at = (now, step), mean, step
+        if self.hit is not None and mean < self.lowest:
+            self.lowest, self.lowest_at = mean, step
 
     def finish(self, steps: int) -> Result:
         self.wall, self.steps = time.perf_counter() - self.start, steps
@@ -377,7 +378,7 @@ def main() -> None:
                 if task.family:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
                              f"; deterministic eval {r.evaluation:.0f}"
-                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f}; "
+                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
     print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
