@@ -15,15 +15,17 @@ ffibuilder.cdef(
     "\n".join(
         line
         for line in (HERE / "rq.h").read_text().splitlines()
-        # rq_push/rq_pop may sleep, and the wrappers cffi generates keep the GIL (see
-        # GLUE below): Python reaches them only through rqpy_push/rqpy_pop.
-        if not line.startswith(("#", "int64_t rq_push(", "int64_t rq_pop("))
+        # rq_push/rq_pop/rq_borrow may sleep, and the wrappers cffi generates keep the
+        # GIL (see GLUE below): Python reaches them only through their rqpy_ glue.
+        if not line.startswith(("#", "int64_t rq_push(", "int64_t rq_pop(", "int64_t rq_borrow("))
     )
     + """
     #define RQ_OK ...
     #define RQ_CLOSED ...
     #define RQ_TOO_MANY_PRODUCERS ...
     #define RQ_TOO_MANY_CONSUMERS ...
+    #define RQ_BORROWING ...
+    #define RQ_NOT_BORROWING ...
     #define RQ_BAD_ARGUMENT ...
     #define RQ_BAD_HEADER ...
     #define RQ_MAX_PRODUCERS ...
@@ -32,13 +34,14 @@ ffibuilder.cdef(
     #define RQ_MAX_CAPACITY ...
     int64_t rqpy_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns);
     int64_t rqpy_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns);
+    int64_t rqpy_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot);
     """
 )
 
 # cffi releases the GIL around every call. For a call that takes ~100 ns that costs more
 # than the call: with two busy Python threads, each release hands the GIL to the other
 # thread, so every put and get becomes a thread switch. cffi has no per-function switch,
-# so the glue below keeps the GIL for every generated wrapper, and the two calls that
+# so the glue below keeps the GIL for every generated wrapper, and the three calls that
 # can wait release it themselves, only once they have to wait.
 GLUE = """
 #include "rq.h"
@@ -54,6 +57,15 @@ GLUE = """
     }
 RQPY_MOVE(rqpy_push, rq_push, const void *)
 RQPY_MOVE(rqpy_pop, rq_pop, void *)
+
+static int64_t rqpy_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot) {
+    int64_t lent = rq_borrow(mem, n, 0, slot); /* GIL held: no switch */
+    if (lent != 0 || timeout_ns == 0) return lent;
+    Py_BEGIN_ALLOW_THREADS
+    lent = rq_borrow(mem, n, timeout_ns, slot);
+    Py_END_ALLOW_THREADS
+    return lent;
+}
 
 /* From here on, the wrappers cffi generates keep the GIL. */
 #undef Py_BEGIN_ALLOW_THREADS

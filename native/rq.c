@@ -480,18 +480,27 @@ static int64_t try_push(header_t *h, claimant_t *me, const char *records, uint64
     return (int64_t)k;
 }
 
-/* Take up to n ready slots. Returns the count written to out (skipped records are
- * consumed but not written), 0 when nothing is ready, or RQ_CLOSED when closed and drained.
- * *consumed counts the slots taken, skipped ones included. */
-static int64_t try_pop(header_t *h, claimant_t *me, char *out, uint64_t n, uint64_t *consumed) {
+/* Steps 1-5 of a pop: claim up to n ready slots from head on, announced by this thread's
+ * intent. Returns the count claimed (*first: the first position), 0 when nothing is
+ * ready, or RQ_CLOSED when closed and drained. With `in_place` (a borrow), the claim
+ * stops at the ring's end, so that the slots lie at increasing addresses, and at the
+ * first skipped slot, so that every slot lent holds a record; a skipped slot at head is
+ * claimed alone, and the caller hands it back at once. */
+static int64_t claim_ready(header_t *h, claimant_t *me, uint64_t n, bool in_place, uint64_t *first) {
     uint64_t head = atomic_load_explicit(&h->head, memory_order_relaxed);
     uint64_t k;
-    *consumed = 0;
     for (;;) {
+        uint64_t limit = n;
+        if (in_place && limit > h->capacity - head % h->capacity)
+            limit = h->capacity - head % h->capacity;
         /* 1. Count ready slots from head on. Acquire pairs with the producer's publication. */
-        for (k = 0; k < n; k++) {
+        for (k = 0; k < limit; k++) {
             uint64_t stamp = atomic_load_explicit(&slot_at(h, head + k)->stamp, memory_order_acquire);
             if ((stamp & ~SKIP_BIT) != 2 * (head + k) + 1) break;
+            if (in_place && (stamp & SKIP_BIT)) {
+                if (k == 0) k = 1; /* claimed alone, handed back unread */
+                break;
+            }
         }
         if (k == 0) {
             uint64_t stamp = atomic_load_explicit(&slot_at(h, head)->stamp, memory_order_acquire)
@@ -520,20 +529,45 @@ static int64_t try_pop(header_t *h, claimant_t *me, char *out, uint64_t n, uint6
         /* Lost the race: withdraw the intent (see try_push). */
         atomic_store_explicit(&me->intent_count, 0, memory_order_relaxed);
     }
+    *first = head;
+    return (int64_t)k;
+}
+
+/* Steps 6-7 of a pop: hand back the k slots claimed from `first` on, copying each
+ * record to `out` first unless `out` is NULL (a borrow's records were read in place).
+ * Returns the count copied. */
+static uint64_t release_claimed(header_t *h, claimant_t *me, uint64_t first, uint64_t k, char *out) {
     /* 6. Copy each record out, then free its slot for the next lap. Release: our read of
      *    the record happens before a producer's acquire of the stamp and overwrite. */
     uint64_t written = 0;
     for (uint64_t i = 0; i < k; i++) {
-        slot_t *s = slot_at(h, head + i);
-        TEST_HOOK(RQ_HOOK_READING, head + i);
-        if (!(atomic_load_explicit(&s->stamp, memory_order_relaxed) & SKIP_BIT))
+        slot_t *s = slot_at(h, first + i);
+        TEST_HOOK(RQ_HOOK_READING, first + i);
+        if (out && !(atomic_load_explicit(&s->stamp, memory_order_relaxed) & SKIP_BIT))
             memcpy(out + written++ * h->record_size, record_of(s), h->record_size);
-        atomic_store_explicit(&s->stamp, 2 * (head + i + h->capacity), memory_order_release);
+        atomic_store_explicit(&s->stamp, 2 * (first + i + h->capacity), memory_order_release);
     }
     /* 7. Done: drop the intent. Release orders it after the releases of the slots. */
     atomic_store_explicit(&me->intent_count, 0, memory_order_release);
-    *consumed = k;
-    return (int64_t)written;
+    return written;
+}
+
+/* Take up to n ready slots: into `out` (a pop), or in place (a borrow, `out` NULL: the
+ * slots stay claimed, *first says where, until rq_release). Returns the count written
+ * to out or lent, 0 when nothing is ready, or RQ_CLOSED when closed and drained.
+ * *consumed counts the slots taken, skipped ones included (they are never lent). */
+static int64_t try_pop(header_t *h, claimant_t *me, char *out, uint64_t n, uint64_t *first,
+                       uint64_t *consumed) {
+    *consumed = 0;
+    int64_t k = claim_ready(h, me, n, out == NULL, first);
+    if (k <= 0) return k;
+    *consumed = (uint64_t)k;
+    if (out) return (int64_t)release_claimed(h, me, *first, (uint64_t)k, out);
+    if (atomic_load_explicit(&slot_at(h, *first)->stamp, memory_order_relaxed) & SKIP_BIT) {
+        release_claimed(h, me, *first, 1, NULL); /* a skipped slot: nothing to lend */
+        return 0;
+    }
+    return k;
 }
 
 /*
@@ -613,36 +647,86 @@ int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns) 
     return pushed;
 }
 
-int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
-    header_t *h = mem;
+/* rq_pop and rq_borrow: try, spin, then sleep once, as rq_push. */
+static int64_t take(header_t *h, char *out, uint64_t n, int64_t timeout_ns, uint64_t *first) {
     if (n == 0) return 0;
     claimant_t *me = register_thread(h, CONSUMER);
     if (!me) return RQ_TOO_MANY_CONSUMERS;
+    /* A thread's intent covers one claim: while it holds a borrow, it takes nothing more.
+     * Relaxed: only this thread writes its own entry while it lives. */
+    if (atomic_load_explicit(&me->intent_count, memory_order_relaxed)) return RQ_BORROWING;
     int64_t deadline = -2, popped;
     uint64_t consumed;
     for (int round = 0;; round++) {
-        popped = try_pop(h, me, out, n, &consumed);
-        if (consumed) wake(&h->push_word);
-        if (popped == 0 && consumed) continue; /* only skipped records: look again */
+        popped = try_pop(h, me, out, n, first, &consumed);
+        if (consumed && out) wake(&h->push_word);
+        if (popped == 0 && consumed) { /* only skipped records: look again */
+            if (!out) wake(&h->push_word);
+            continue;
+        }
         if (popped != 0 || timeout_ns == 0) break;
         if (deadline == -2) deadline = deadline_of(timeout_ns);
         if (expired(deadline)) break;
         if (keep_spinning(round)) continue;
         atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
         uint32_t value = announce(&h->pop_word);
-        popped = try_pop(h, me, out, n, &consumed);
+        popped = try_pop(h, me, out, n, first, &consumed);
         if (popped != 0 || consumed) {
-            if (consumed) wake(&h->push_word);
+            if (consumed && (out || popped == 0)) wake(&h->push_word);
             if (popped != 0) break;
             continue;
         }
         sleep_on(&h->pop_word, value, nap_end(deadline));
         /* Back to the caller after one sleep, so that it can handle signals. */
-        popped = try_pop(h, me, out, n, &consumed);
-        if (consumed) wake(&h->push_word);
+        popped = try_pop(h, me, out, n, first, &consumed);
+        if (consumed && (out || popped == 0)) wake(&h->push_word);
         break;
     }
     return popped;
+}
+
+int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
+    uint64_t first;
+    return take(mem, out, n, timeout_ns, &first);
+}
+
+int64_t rq_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot) {
+    header_t *h = mem;
+    uint64_t first = 0;
+    int64_t lent = take(h, NULL, n, timeout_ns, &first);
+    if (lent > 0) *slot = first % h->capacity;
+    return lent;
+}
+
+/* This thread's registry entry that holds a borrow, or NULL. Usually the cached entry;
+ * if the cache dropped it (the thread used many queues meanwhile), found by its owner. */
+static claimant_t *borrower(header_t *h) {
+    claimant_t *me = register_thread(h, CONSUMER);
+    if (me && atomic_load_explicit(&me->intent_count, memory_order_relaxed)) return me;
+    uint64_t self = self_owner();
+    claimant_t *table = registry(h, CONSUMER);
+    for (int i = 0; i < RQ_MAX_CONSUMERS; i++)
+        if (atomic_load(&table[i].owner) == self && atomic_load(&table[i].intent_count))
+            return &table[i];
+    return NULL;
+}
+
+int64_t rq_release(void *mem) {
+    header_t *h = mem;
+    claimant_t *me = borrower(h);
+    if (!me) return RQ_NOT_BORROWING;
+    /* Relaxed: this thread's own entry (see take). */
+    uint64_t count = atomic_load_explicit(&me->intent_count, memory_order_relaxed);
+    uint64_t first = atomic_load_explicit(&me->intent_start, memory_order_relaxed);
+    release_claimed(h, me, first, count, NULL);
+    wake(&h->push_word);
+    return (int64_t)count;
+}
+
+uint64_t rq_slot_bytes(const void *mem) { return ((const header_t *)mem)->slot_size; }
+
+uint64_t rq_records_offset(const void *mem) {
+    return ((const header_t *)mem)->slots_offset + sizeof(uint64_t); /* past slot 0's stamp */
 }
 
 void rq_close(void *mem) {

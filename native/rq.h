@@ -22,6 +22,8 @@
 #define RQ_BAD_ARGUMENT -3       /* capacity or record size out of range */
 #define RQ_BAD_HEADER -4         /* the region does not hold a queue of this version */
 #define RQ_TOO_MANY_CONSUMERS -5 /* more consumer threads than RQ_MAX_CONSUMERS at once */
+#define RQ_BORROWING -6          /* pop/borrow: this thread holds borrowed records */
+#define RQ_NOT_BORROWING -7      /* release: this thread holds no borrowed records */
 
 #define RQ_MAX_PRODUCERS 256               /* producer threads registered at once */
 #define RQ_MAX_CONSUMERS 256               /* consumer threads registered at once */
@@ -44,6 +46,23 @@ int rq_queue_check(const void *mem, uint64_t mem_bytes, uint64_t capacity, uint6
  */
 int64_t rq_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns);
 int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns);
+
+/*
+ * Two-phase pop: lend up to n ready records in place instead of copying them out.
+ * rq_borrow claims them as rq_pop does and returns their count, or 0, RQ_CLOSED,
+ * RQ_TOO_MANY_CONSUMERS or RQ_BORROWING, as rq_pop. *slot is the first record's slot:
+ * record i of the loan lies at mem + rq_records_offset(mem) + (*slot + i) *
+ * rq_slot_bytes(mem) (a borrow never wraps around the ring, so it may lend fewer than
+ * are ready). The records stay claimed, and producers cannot reuse their slots, until
+ * the same thread calls rq_release, which returns the count released or
+ * RQ_NOT_BORROWING. A thread holds one borrow at a time: meanwhile its pops and borrows
+ * return RQ_BORROWING. A thread that dies holding a borrow is a consumer that died
+ * holding claimed slots (native/README.md, "Dead consumers").
+ */
+int64_t rq_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot);
+int64_t rq_release(void *mem);
+uint64_t rq_records_offset(const void *mem);
+uint64_t rq_slot_bytes(const void *mem);
 
 /* Close: later pushes return RQ_CLOSED, pops drain what is left. Wakes every waiter. */
 void rq_close(void *mem);

@@ -85,21 +85,28 @@ static void *producer_main(void *arg) {
     return NULL;
 }
 
+/* Half of a consumer's calls pop records into `out`, half borrow them and read them in
+ * their slots (rq_borrow), releasing them once checked. */
 static void *consumer_main(void *arg) {
     worker_t *w = arg;
     record_t out[MAX_BATCH];
+    uint64_t stride = rq_slot_bytes(w->queue);
+    const char *records = (const char *)w->queue + rq_records_offset(w->queue);
     for (;;) {
-        uint64_t n = 1 + next_random(&w->rng) % MAX_BATCH;
-        int64_t r = rq_pop(w->queue, out, n, pick_timeout(&w->rng, w->blocking));
+        uint64_t n = 1 + next_random(&w->rng) % MAX_BATCH, slot = 0;
+        bool borrow = next_random(&w->rng) % 2;
+        int64_t timeout = pick_timeout(&w->rng, w->blocking);
+        int64_t r = borrow ? rq_borrow(w->queue, n, timeout, &slot) : rq_pop(w->queue, out, n, timeout);
         if (r == RQ_CLOSED) break;
         if (r < 0 || (uint64_t)r > n) {
-            fprintf(stderr, "consumer %" PRIu64 ": rq_pop returned %" PRId64 " for %" PRIu64 "\n",
-                    w->id, r, n);
+            fprintf(stderr, "consumer %" PRIu64 ": %s returned %" PRId64 " for %" PRIu64 "\n",
+                    w->id, borrow ? "rq_borrow" : "rq_pop", r, n);
             w->failed = true;
             return NULL;
         }
         for (int64_t i = 0; i < r; i++) {
-            const record_t *rec = &out[i];
+            const record_t *rec = borrow ? (const record_t *)(records + (slot + (uint64_t)i) * stride)
+                                         : &out[i];
             if (!intact(rec) || rec->source >= w->producers || rec->seq >= w->items) {
                 fprintf(stderr, "consumer %" PRIu64 ": torn or foreign record (%" PRIu64 ", %" PRIu64 ")\n",
                         w->id, rec->source, rec->seq);
@@ -114,6 +121,11 @@ static void *consumer_main(void *arg) {
             }
             w->last[rec->source] = rec->seq + 1;
             w->counts[rec->source * w->items + rec->seq]++;
+        }
+        if (borrow && r > 0 && rq_release(w->queue) != r) {
+            fprintf(stderr, "consumer %" PRIu64 ": rq_release did not release %" PRId64 "\n", w->id, r);
+            w->failed = true;
+            return NULL;
         }
         w->popped += (uint64_t)r;
         /* Relaxed: only a progress hint for the thread that closes the queue early. */

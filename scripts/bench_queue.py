@@ -23,6 +23,8 @@ What is measured
       - ArrayQueue:procs     replay.ArrayQueue, processes ('fork')
       - ArrayQueue+timeout:procs  the same, with every put/get (put_many/get_many)
                              given timeout=30, to show what a timeout costs
+      - ArrayQueue+borrow:procs   the same, consumers reading each batch where it lies
+                             (borrow) instead of copying it out (batch mode only)
       - mp.Queue:procs       multiprocessing.Queue(maxsize=capacity), processes, the
                              record as a bytes object (pickled by the queue)
       - faster_fifo:procs    faster_fifo.Queue(100 MB buffer), processes, the record as
@@ -92,8 +94,9 @@ SIZES = (64, 1024)
 TOPOLOGIES = ((1, 1), (4, 2))
 MODES = ("item", "batch")
 IMPLS = ("ArrayQueue:threads", "queue.Queue:threads", "ArrayQueue:procs", "ArrayQueue+timeout:procs",
-         "mp.Queue:procs", "faster_fifo:procs")
+         "ArrayQueue+borrow:procs", "mp.Queue:procs", "faster_fifo:procs")
 NO_BATCH = {"queue.Queue:threads", "mp.Queue:procs"}
+ONLY_BATCH = {"ArrayQueue+borrow:procs"}
 
 # Records moved per cell (all producers together), chosen from rates measured on a 2-core
 # machine so that a cell takes roughly 0.5-2 s there. Keyed by (impl, mode, record size).
@@ -112,6 +115,8 @@ COUNTS = {
     ("ArrayQueue+timeout:procs", "item", 1024): 800_000,
     ("ArrayQueue+timeout:procs", "batch", 64): 25_000_000,
     ("ArrayQueue+timeout:procs", "batch", 1024): 10_000_000,
+    ("ArrayQueue+borrow:procs", "batch", 64): 25_000_000,
+    ("ArrayQueue+borrow:procs", "batch", 1024): 10_000_000,
     ("mp.Queue:procs", "item", 64): 150_000,
     ("mp.Queue:procs", "item", 1024): 150_000,
     ("faster_fifo:procs", "item", 64): 200_000,
@@ -221,6 +226,22 @@ class AQTimeout(AQ):
         try:
             while True:
                 n += len(get_many(BATCH, timeout=timeout, out=out))
+        except Closed:
+            return n
+
+
+class AQBorrow(AQ):
+    """replay.ArrayQueue, consumers reading each batch in the queue's slots (borrow)
+    instead of copying it out; each reads every record's seq, as a consumer would."""
+
+    @staticmethod
+    def consume_batch(q, dtype):
+        borrow = q.borrow
+        n = 0
+        try:
+            while True:
+                with borrow(BATCH) as records:
+                    n += len(records["seq"])
         except Closed:
             return n
 
@@ -335,6 +356,7 @@ IMPL_CLASS = {
     "queue.Queue:threads": StdQueue,
     "ArrayQueue:procs": AQ,
     "ArrayQueue+timeout:procs": AQTimeout,
+    "ArrayQueue+borrow:procs": AQBorrow,
     "mp.Queue:procs": MPQueue,
     "faster_fifo:procs": FFQueue,
 }
@@ -710,7 +732,7 @@ def cells(pattern):
         for producers, consumers in TOPOLOGIES:
             for mode in MODES:
                 for impl in IMPLS:
-                    if mode == "batch" and impl in NO_BATCH:
+                    if (mode == "batch" and impl in NO_BATCH) or (mode == "item" and impl in ONLY_BATCH):
                         continue
                     name = f"{size if size < 1024 else size // 1024}{'B' if size < 1024 else 'KiB'}" \
                            f"/{producers}P{consumers}C/{mode}/{impl}"
@@ -839,6 +861,14 @@ def report(results) -> None:
         print("\nThe cost of a timeout (timeout=30 on every call, over the same cell without one):")
         for name, rate, plain in timed:
             shown = f"{rate / plain[0]:.2f}x" if plain else "(cell without timeout not run)"
+            print(f"  {name:46s} {shown}")
+
+    borrowed = [(name, rate, results.get(name.replace("+borrow", ""))) for name, (rate, *_) in
+                results.items() if "+borrow" in name]
+    if borrowed:
+        print("\nReading batches in place (borrow) over copying them out (get_many), same cell:")
+        for name, rate, plain in borrowed:
+            shown = f"{rate / plain[0]:.2f}x" if plain else "(cell with get_many not run)"
             print(f"  {name:46s} {shown}")
 
     print("\nBars:")

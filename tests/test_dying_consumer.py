@@ -3,7 +3,8 @@
 A consumer that dies between claiming records and releasing their slots leaves those
 slots holding records that nobody will take; a producer that laps around to them
 releases them once every consumer that may own them is gone, and counts the records as
-lost (`stats()["lost"]`). Each round spawns consumer processes that take batches of
+lost (`stats()["lost"]`); a consumer that dies holding borrowed records is the same case.
+Each round spawns consumer processes that take batches of
 numbered records as fast as they can from a small queue and kills them at random
 moments, while a producer thread in this process pushes records 0, 1, 2, ... A consumer
 thread here stands aside while the victims run (so that they find the queue full and
@@ -22,6 +23,7 @@ import threading
 import time
 
 import numpy as np
+import pytest
 
 import replay
 from replay import ArrayQueue, Counters
@@ -41,20 +43,26 @@ BUDGET_S = 12.0
 ROUND_TIMEOUT_S = 30.0  # a producer that cannot get a lap further in this time has wedged
 
 
-def _victim(q, victim_id, counters, seen):
-    """Take batches until killed; count each record taken in `seen` (shared memory)."""
+def _victim(q, victim_id, counters, seen, borrow):
+    """Take batches until killed, by get_many or by borrowing them in place; count each
+    record taken in `seen` (shared memory), a borrowed one once its slot is released."""
     seen = np.frombuffer(seen, dtype=np.uint8)
     out = np.empty(BATCH, DTYPE)
     name = f"took{victim_id}"
     while True:
         try:
-            got = q.get_many(BATCH, out=out)
+            if borrow:
+                with q.borrow(BATCH) as records:
+                    seq, torn = records["seq"].copy(), np.count_nonzero(records["seq"] != records["check"])
+                    records["payload"].sum()  # time spent reading in place, where kills land
+            else:
+                got = q.get_many(BATCH, out=out)
+                seq, torn = got["seq"], np.count_nonzero(got["seq"] != got["check"])
         except replay.Closed:
             return
-        seq = got["seq"]
-        counters.add("torn", int(np.count_nonzero(seq != got["check"])))
+        counters.add("torn", int(torn))
         seen[seq] += 1
-        counters.add(name, len(got))
+        counters.add(name, len(seq))
 
 
 class Producer(threading.Thread):
@@ -117,7 +125,8 @@ class Survivor(threading.Thread):
             self.error = error
 
 
-def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
+@pytest.mark.parametrize("borrow", [False, True], ids=["get_many", "borrow"])
+def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice(borrow):
     ctx = mp.get_context("spawn")
     rng = random.Random(4321)
     n_ids = MAX_ROUNDS * VICTIMS_PER_ROUND
@@ -133,7 +142,7 @@ def test_killed_consumers_never_wedge_producers_and_no_record_arrives_twice():
             if r >= MIN_ROUNDS and (q.stats()["lost"] > 0 or time.monotonic() - started > BUDGET_S):
                 break
             ids = range(r * VICTIMS_PER_ROUND, (r + 1) * VICTIMS_PER_ROUND)
-            procs = {i: ctx.Process(target=_victim, args=(q, i, counters, victim_seen)) for i in ids}
+            procs = {i: ctx.Process(target=_victim, args=(q, i, counters, victim_seen, borrow)) for i in ids}
             survivor.running.clear()
             for p in procs.values():
                 p.start()

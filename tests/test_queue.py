@@ -181,11 +181,15 @@ def _produce_tagged(q, producer, n):
             seq += k
 
 
-def _consume_until_closed(q):
+def _consume_until_closed(q, borrow=False):
     got = []
     try:
         while True:
-            got.append(q.get_many(16).copy())
+            if borrow:
+                with q.borrow(16) as records:
+                    got.append(records.copy())
+            else:
+                got.append(q.get_many(16).copy())
     except Closed:
         pass
     return np.concatenate(got) if got else np.empty(0, TAGGED)
@@ -207,10 +211,11 @@ def check_every_value_once_in_producer_order(per_consumer, producers, n):
         assert sorted(everything["seq"][everything["producer"] == p].tolist()) == list(range(n))
 
 
-def test_mpmc_threads_deliver_every_value_exactly_once_in_producer_order():
+@pytest.mark.parametrize("borrow", [False, True], ids=["get_many", "borrow"])
+def test_mpmc_threads_deliver_every_value_exactly_once_in_producer_order(borrow):
     producers, consumers, n = 4, 2, 5000
     q = ArrayQueue(8, TAGGED)
-    readers = [Worker(_consume_until_closed, q) for _ in range(consumers)]
+    readers = [Worker(_consume_until_closed, q, borrow) for _ in range(consumers)]
     writers = [Worker(_produce_tagged, q, p, n) for p in range(producers)]
     for w in writers:
         w.finish()
@@ -252,6 +257,97 @@ def test_mpmc_processes_deliver_every_value_exactly_once_in_producer_order(metho
                 proc.kill()
             proc.join()
     check_every_value_once_in_producer_order(results, producers, n)
+
+
+# ---- borrowing records in place -----------------------------------------------------
+
+
+def test_borrow_lends_records_in_place_read_only_and_frees_their_slots_at_the_end():
+    q = ArrayQueue(6, TAGGED)
+    q.put_many(np.array([(0, i) for i in range(4)], TAGGED))
+    with q.borrow(8) as records:
+        assert records["seq"].tolist() == [0, 1, 2, 3]
+        assert not records.flags.writeable
+        assert q.qsize() == 0  # taken, as by a get
+        # Their slots stay out of the producers' reach: only the two free ones fill.
+        assert q.put_many(np.array([(1, i) for i in range(6)], TAGGED), block=False) == 2
+    assert q.put_many(np.array([(2, i) for i in range(4)], TAGGED), block=False) == 4
+    assert q.get_many(8)["producer"].tolist() == [1, 1, 2, 2, 2, 2]
+    q.close()
+
+
+def test_borrow_stops_at_the_end_of_the_ring_and_the_next_borrow_goes_on():
+    q = ArrayQueue(5, TAGGED)
+    q.put_many(np.array([(0, i) for i in range(3)], TAGGED))
+    q.get_many(3)
+    q.put_many(np.array([(0, i) for i in range(3, 7)], TAGGED))  # positions 3..6: slots 3, 4, 0, 1
+    with q.borrow(8) as first:
+        assert first["seq"].tolist() == [3, 4]
+    with q.borrow(8) as second:
+        assert second["seq"].tolist() == [5, 6]
+    q.close()
+
+
+def test_a_get_or_borrow_inside_a_borrow_is_refused_and_takes_nothing():
+    q = ArrayQueue(4, TAGGED)
+    q.put_many(np.array([(0, 0), (0, 1)], TAGGED))
+    with q.borrow(1) as records:
+        for take in (lambda: q.get_many(1), lambda: q.get(), lambda: q.borrow(1).__enter__()):
+            with pytest.raises(RuntimeError, match="borrowed from this queue"):
+                take()
+        assert records["seq"].tolist() == [0]
+    assert q.get()["seq"] == 1  # the refused calls took nothing
+    q.close()
+
+
+def test_a_borrow_ended_by_an_exception_frees_its_slots():
+    q = ArrayQueue(2, TAGGED)
+    q.put_many(np.array([(0, 0), (0, 1)], TAGGED))
+    with pytest.raises(KeyError):
+        with q.borrow(2):
+            raise KeyError("in the block")
+    assert q.put_many(np.array([(1, 0), (1, 1)], TAGGED), block=False) == 2
+    q.close()
+
+
+def test_borrow_on_empty_waits_like_get_many():
+    q = ArrayQueue(4, TAGGED)
+    with pytest.raises(queue.Empty):
+        with q.borrow(1, block=False):
+            pass
+    started = time.monotonic()
+    with pytest.raises(queue.Empty):
+        with q.borrow(1, timeout=0.05):
+            pass
+    assert time.monotonic() - started >= 0.05
+
+    def borrow_one():
+        with q.borrow(4) as records:
+            return records.copy()
+
+    reader = Worker(borrow_one)
+    wait_until(asleep(q, "empty_waits"), JOIN_S, "the borrower to sleep")
+    q.put((3, 4))
+    assert reader.finish().error is None and reader.result.tolist() == [(3, 4)]
+
+    def borrow_until_closed():
+        with q.borrow(1):
+            pass
+
+    closer = Worker(borrow_until_closed)
+    wait_until(asleep(q, "empty_waits", 1), JOIN_S, "the borrower to sleep")
+    q.close()
+    assert isinstance(closer.finish().error, Closed)
+
+
+def test_borrow_checks_its_arguments():
+    q = ArrayQueue(4, TAGGED)
+    for bad in (0, -1, True, 1.5):
+        with pytest.raises(ValueError, match="max_items"):
+            q.borrow(bad).__enter__()
+    with pytest.raises(ValueError, match="timeout"):
+        q.borrow(1, timeout=0).__enter__()
+    q.close()
 
 
 # ---- blocking and timeouts ----------------------------------------------------------

@@ -1,8 +1,8 @@
 """ArrayQueue against a model: a collections.deque, a capacity and a closed flag.
 
-Hypothesis drives random sequences of the non-blocking operations and close at small
-capacities, and every result, including which exception is raised (queue.Full,
-queue.Empty, replay.Closed), must match the model.
+Hypothesis drives random sequences of the non-blocking operations (borrow included) and
+close at small capacities, and every result, including which exception is raised
+(queue.Full, queue.Empty, replay.Closed), must match the model.
 """
 import queue
 from collections import deque
@@ -24,6 +24,7 @@ class QueueModel(RuleBasedStateMachine):
         self.capacity = 0
         self.closed = False
         self.next_value = 0  # every value put is new, so a duplicate or a loss shows
+        self.taken = 0  # values taken so far: where the queue's ring starts
 
     @initialize(capacity=st.integers(1, 5))
     def make_queue(self, capacity):
@@ -34,6 +35,10 @@ class QueueModel(RuleBasedStateMachine):
         values = np.arange(self.next_value, self.next_value + n, dtype="i8")
         self.next_value += n
         return values
+
+    def popleft(self):
+        self.taken += 1
+        return self.model.popleft()
 
     def expected_error(self, putting):
         """The exception the model says a call that moves nothing raises."""
@@ -54,7 +59,7 @@ class QueueModel(RuleBasedStateMachine):
     @rule()
     def get_nowait(self):
         if self.model:
-            assert self.q.get_nowait() == self.model.popleft()
+            assert self.q.get_nowait() == self.popleft()
         else:
             with pytest.raises(self.expected_error(putting=False)):
                 self.q.get_nowait()
@@ -78,13 +83,33 @@ class QueueModel(RuleBasedStateMachine):
         out = np.full(max_items + 1, -1, "i8") if into_out else None
         if self.model:
             got = self.q.get_many(max_items, block=False, out=out)
-            expected = [self.model.popleft() for _ in range(min(max_items, len(self.model)))]
+            expected = [self.popleft() for _ in range(min(max_items, len(self.model)))]
             assert got.tolist() == expected
             if into_out:
                 assert got.base is out
         else:
             with pytest.raises(self.expected_error(putting=False)):
                 self.q.get_many(max_items, block=False, out=out)
+
+    @rule(max_items=st.integers(1, 7), extra=st.integers(0, 7))
+    def borrow_without_blocking(self, max_items, extra):
+        """Lent: the values next in line, up to the end of the ring. While lent, their
+        slots stay full: a put finds only the room there was before the borrow."""
+        if not self.model:
+            with pytest.raises(self.expected_error(putting=False)):
+                with self.q.borrow(max_items, block=False):
+                    pass
+            return
+        room = self.capacity - len(self.model)
+        lent = min(max_items, len(self.model), self.capacity - self.taken % self.capacity)
+        with self.q.borrow(max_items, block=False) as got:
+            assert got.tolist() == [self.popleft() for _ in range(lent)]
+            if extra and not self.closed and room:
+                assert self.q.put_many(self.fresh(extra), block=False) == min(extra, room)
+                self.model.extend(range(self.next_value - extra, self.next_value - extra + min(extra, room)))
+            elif extra:
+                with pytest.raises(self.expected_error(putting=True)):
+                    self.q.put_many(self.fresh(extra), block=False)
 
     @precondition(lambda self: not self.closed)
     @rule()
