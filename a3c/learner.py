@@ -264,27 +264,51 @@ _LOCKS_GUARD = threading.Lock()
 class BatchSource:
     """Where a learner's next batch comes from: the fresh fragments of the queue, or,
     while fewer than a batch are there, replayed ones as far as the buffer's
-    sample-to-insert limit allows (`replay` None: wait for the queue). A fresh batch is
-    filled across calls: fragments taken before a timeout are kept. For a learner on an
-    accelerator the batches lie in pinned memory, from which they go to the device
-    without a staging copy."""
+    sample-to-insert limit allows (`replay` None: wait for the queue). Batches come out
+    as tensors on `device`.
+
+    On the CPU a whole batch ready in the queue is read where it lies (`borrow`): each
+    field is copied out of the slots once, into its tensor, with no copy of the records
+    in between. Otherwise the fresh batch is filled across calls (fragments taken before
+    a timeout are kept). For a learner on an accelerator the batches lie in pinned
+    memory, from which they go to the device in one transfer.
+
+    Time spent waiting for fragments counts as `learner_queue_s`, time spent making
+    tensors of them as `learner_update_s`."""
 
     def __init__(self, cfg: Config, fragments: ArrayQueue, replay: ReplayBuffer | None,
-                 counters: Counters):
+                 counters: Counters, device: torch.device | str = "cpu"):
         self.fragments, self.replay, self.counters = fragments, replay, counters
-        B, pinned = cfg.learners.batch_size, torch.device(cfg.learners.device).type != "cpu"
-        self.fresh = _records(B, fragments.dtype, pinned)
-        self.replayed = _records(B, fragments.dtype, pinned)
+        self.device = torch.device(device)
+        self.in_place = self.device.type == "cpu"  # else batches go from pinned memory
+        B = cfg.learners.batch_size
+        self.fresh = _records(B, fragments.dtype, pinned=not self.in_place)
+        self.replayed = _records(B, fragments.dtype, pinned=not self.in_place)
         self.filled = 0  # fragments of the fresh batch so far
         self.rng = np.random.default_rng()  # this thread's draws: a handle's own are not for threads
 
-    def next(self) -> tuple[np.ndarray, bool] | None:
-        """(records, is_fresh), or None when nothing came within a short wait (look at
+    def next(self) -> tuple[Batch, bool] | None:
+        """(batch, is_fresh), or None when nothing came within a short wait (look at
         `stop` again). Raises Closed once the queue is closed. A fresh batch goes into
         the replay buffer."""
-        B, fresh = len(self.fresh), self.fresh
-        waited_from = time.perf_counter()
+        started = time.perf_counter()
+        self.build_s = 0.0
         try:
+            got = self._fresh()
+        finally:
+            self.counters.add("learner_queue_s", time.perf_counter() - started - self.build_s)
+            self.counters.add("learner_update_s", self.build_s)
+        if got is not None and got[1]:
+            self.counters.add("queue_gets", len(self.fresh))
+        return got
+
+    def _fresh(self) -> tuple[Batch, bool] | None:
+        B, fresh = len(self.fresh), self.fresh
+        try:
+            if self.in_place and self.filled == 0:
+                batch = self._lent(B)
+                if batch is not None:
+                    return batch, True
             while self.filled < B:  # get_many returns 1..B; take what is there without waiting
                 self.filled += len(self.fragments.get_many(B - self.filled, block=False,
                                                            out=fresh[self.filled:]))
@@ -295,17 +319,32 @@ class BatchSource:
                                                                out=fresh[self.filled:]))
                 except queue.Empty:
                     pass
-                self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
                 return None
             self.counters.add("replayed", B)
-            self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
-            return self.replayed, False
+            return self._tensors(self.replayed), False
         self.filled = 0
-        self.counters.add("queue_gets", B)
-        self.counters.add("learner_queue_s", time.perf_counter() - waited_from)
         if self.replay is not None:
             self.replay.add_many(fresh)
-        return fresh, True
+        return self._tensors(fresh), True
+
+    def _lent(self, B: int) -> Batch | None:
+        """A whole batch read in the queue's slots, or None once the fragments lent (fewer
+        than a batch: a borrow stops at the end of the queue's ring) are copied into the
+        fresh batch. Raises queue.Empty when none are ready."""
+        with self.fragments.borrow(B, block=False) as lent:
+            if len(lent) < B:
+                self.fresh[:len(lent)] = lent
+                self.filled = len(lent)
+                return None
+            if self.replay is not None:
+                self.replay.add_many(lent)
+            return self._tensors(lent)
+
+    def _tensors(self, records: np.ndarray) -> Batch:
+        started = time.perf_counter()
+        batch = batch_from_fragments(records, self.device)
+        self.build_s += time.perf_counter() - started
+        return batch
 
 
 def _records(n: int, dtype: np.dtype, pinned: bool) -> np.ndarray:
@@ -344,10 +383,11 @@ class Updater:
         steps = cfg.learners.epochs * cfg.learners.minibatches
         self.reports = np.zeros(steps, STEP_DTYPE)  # this batch's, handed over at its end
 
-    def train(self, records: np.ndarray, is_fresh: bool) -> None:
+    def train(self, batch: Batch, is_fresh: bool) -> None:
+        """`learners.epochs` passes over `batch` (tensors on the model's device, as
+        `batch_from_fragments` makes them); `is_fresh`: from the queue, not replayed."""
         cfg, counters, local = self.cfg, self.counters, self.local
         started = time.perf_counter()
-        batch = batch_from_fragments(records, self.device)
         if is_fresh and self.obs_norm is not None:
             with self.lock:
                 self.obs_norm.update(batch.obs)
@@ -433,8 +473,8 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         end_with_parent()
         torch.set_num_threads(1)
         torch.seed()  # forked processes inherit one generator: draw different minibatches
-    source = BatchSource(cfg, fragments, replay, counters)
     updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop, publish)
+    source = BatchSource(cfg, fragments, replay, counters, updater.device)
     try:
         while not stop.is_set():
             try:

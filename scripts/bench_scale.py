@@ -10,10 +10,11 @@ moves against `ray.get` alone. Side by side in one run.
 2. The pump on Atari-sized fragments (16 steps of 4x84x84 uint8, 0.48 MB each): 2 remote
    actors of 8 environments that return the same ready-made fragments as fast as they can
    (a call: 1 or 4 fragments of each environment, 3.8 or 15 MB), through the pump into an
-   ArrayQueue that a thread drains as a learner would; against a loop of ray.wait and
-   ray.get alone on the same actors, with as many calls in flight (2); and that loop again
-   with one copy of each result into a buffer (the least a consumer of the data does; the
-   pump path makes two, into the queue and the learner's out of it); and the pump into a
+   ArrayQueue that a thread drains as a learner would (batches of 32 read in the queue's
+   slots, no copy out; tensors are not made); against a loop of ray.wait and ray.get alone
+   on the same actors, with as many calls in flight (2); and that loop again with one copy
+   of each result into a buffer (the least a consumer of the data does; the pump makes
+   one, into the queue); and the pump into a
    stand-in for the queue that keeps nothing (its own cost, no copy). Rounds alternate;
    medians of the rounds. With --pin, also with the actors on one core and the trainer on
    the other, as on a cluster, where the actors' cores are not the trainer's.
@@ -241,12 +242,21 @@ def pump_mb_per_s(actor: type, cfg, seconds: float, warmup: float,
     counters = Counters(COUNTERS, TIMERS)
     pump = Pump(cfg, torch.nn.Linear(1, 1), Discard(dtype) if discard else fragments, episodes,
                 counters, actor=actor)
-    out = np.zeros(32, dtype)
+    from a3c.learner import BatchSource
 
-    def learner():  # takes batches as a learner does, and does nothing with them
+    class Transport(BatchSource):
+        """Takes batches of 32 as a learner does (in place where a whole batch is ready,
+        else copied out) and makes no tensors of them."""
+
+        def _tensors(self, records):
+            return None
+
+    source = Transport(cfg, fragments, None, counters)
+
+    def learner():
         while True:
             try:
-                fragments.get_many(32, out=out)
+                source.next()
             except Closed:
                 return
 

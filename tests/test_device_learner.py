@@ -114,6 +114,10 @@ class Run:
         self.updater = Updater(cfg, model, optimizer, self.counters, self.steps, threading.Lock(),
                                publish=self.copy.publish if on_copy else None)
 
+    def train(self, records):
+        """One fresh batch, made as a learner makes it for its device."""
+        self.updater.train(batch_from_fragments(records, self.updater.device), True)
+
     def close(self):
         self.counters.close()
         self.steps.close()
@@ -139,9 +143,9 @@ def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_mod
     counts every step once published."""
     cfg = config(publish_every=3)
     direct, device = runs(cfg, False), runs(cfg, True)
-    for batch in batches(5):  # 10 gradient steps
-        direct.updater.train(batch, True)
-        device.updater.train(batch, True)
+    for records in batches(5):  # 10 gradient steps
+        direct.train(records)
+        device.train(records)
     assert_same(direct.shared.state_dict(), device.copy.model.state_dict(), "copy")
     for name, tensors in direct.optimizer.state.items():
         for a, b in zip(tensors, device.copy.optimizer.state[name], strict=True):
@@ -158,7 +162,7 @@ def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_mod
 def test_a_non_finite_loss_on_the_device_is_skipped_there_changes_nothing_and_is_counted(runs):
     run = runs(config(), True)
     before = copy.deepcopy(run.copy.model.state_dict())
-    run.updater.train(batches(1, reward=np.nan)[0], True)
+    run.train(batches(1, reward=np.nan)[0])
     after = run.copy.model.state_dict()
     for name, value in before.items():
         if "obs_norm" not in name:  # observations are finite, and counted before any step
@@ -186,11 +190,11 @@ def test_a_batch_on_cuda_waits_for_the_device_no_more_often_with_more_gradient_s
                               publish=copy_.publish)
             data = _records(2 * B, batches(1).dtype, pinned=True).reshape(2, B)
             data[...] = batches(2)
-            updater.train(data[0], True)  # warm up: allocations, the first publish
+            updater.train(batch_from_fragments(data[0], "cuda"), True)  # warm up: allocations, the first publish
             torch.cuda.set_sync_debug_mode("warn")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                updater.train(data[1], True)
+                updater.train(batch_from_fragments(data[1], "cuda"), True)
             return sum("synchroniz" in str(w.message) for w in caught)
         finally:
             torch.cuda.set_sync_debug_mode(0)

@@ -15,8 +15,8 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import (STEP_DTYPE, Batch, batch_from_fragments, compute_loss, replay_buffer, run_learner,
-                         step_queue)
+from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, replay_buffer,
+                         run_learner, step_queue)
 from a3c.optim import SharedAdam, SharedRMSprop
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
@@ -234,6 +234,47 @@ def test_batch_from_fragments_is_time_major_and_aligned_with_the_fragments():
                          "version"):
                 np.testing.assert_array_equal(getattr(batch, name)[t, b].numpy(), f[name][b][t], name)
     np.testing.assert_array_equal(batch.bootstrap_obs.numpy(), f["last_obs"])
+
+
+def test_a_batch_read_in_the_queues_slots_equals_one_copied_out_and_goes_to_the_replay_buffer():
+    """A learner's two ways to a fresh batch: a whole batch lent where it lies in the queue,
+    and one copied out (here the second batch's first borrow stops at the end of the
+    ring, after 2 of 4 fragments, and get_many takes the rest). Both give the tensors
+    the records give, both reach the replay buffer, and every fragment counts once."""
+    cfg = load_config({"learners": {"batch_size": 4, "minibatches": 1}, "replay": {"ratio": 1.0}})
+    f = fragments(3, 8)
+    rng = np.random.default_rng(0)
+    for name in ("obs", "last_obs", "reward", "logp", "trunc_value"):
+        f[name] = rng.normal(size=f[name].shape)
+    f["obs"][:, 0, 0] = np.arange(8)  # marks, for the replay buffer's record
+    q, counters = ArrayQueue(6, f.dtype), Counters(COUNTERS, TIMERS)
+    replay = RecordingReplay(replay_buffer(cfg, f.dtype))
+    copies = []  # get_many calls per batch
+
+    class Queue:  # the queue, counting get_many calls
+        def __getattr__(self, name):
+            return getattr(q, name)
+
+        def get_many(self, *args, **kwargs):
+            copies[-1] += 1
+            return q.get_many(*args, **kwargs)
+
+    source = BatchSource(cfg, Queue(), replay, counters)
+    try:
+        for part in (f[:4], f[4:]):  # positions 0-3, then 4-7: slots 4, 5, 0, 1
+            q.put_many(part)
+            copies.append(0)
+            batch, fresh = source.next()
+            assert fresh
+            for name, got, expected in zip(Batch._fields, batch, batch_from_fragments(part)):
+                assert got is None and expected is None or torch.equal(got, expected), name
+        assert copies == [0, 1]  # the first batch was read in place
+        assert replay.added == list(range(8))
+        assert counters["queue_gets"] == 8 and q.qsize() == 0
+    finally:
+        q.close()
+        counters.close()
+        replay.buffer.close()
 
 
 # ---------------------------------------------------------------------------- shared optimizers

@@ -16,7 +16,7 @@ from gymnasium import spaces
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import Updater, start_learners, step_queue
+from a3c.learner import Updater, batch_from_fragments, start_learners, step_queue
 from a3c.model import build_model
 from a3c.optim import SharedAdam
 from a3c.runner import COUNTERS, TIMERS, Trainer
@@ -94,7 +94,7 @@ def reference(initial, data):
     try:
         updater = Updater(CFG, model, optimizer, counters, steps, threading.Lock())
         for batch in data:
-            updater.train(batch, True)
+            updater.train(batch_from_fragments(batch), True)
     finally:
         counters.close()
         steps.close()
