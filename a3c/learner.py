@@ -267,24 +267,27 @@ class BatchSource:
     sample-to-insert limit allows (`replay` None: wait for the queue). Batches come out
     as tensors on `device`.
 
-    On the CPU a whole batch ready in the queue is read where it lies (`borrow`): each
-    field is copied out of the slots once, into its tensor, with no copy of the records
-    in between. Otherwise the fresh batch is filled across calls (fragments taken before
-    a timeout are kept). For a learner on an accelerator the batches lie in pinned
+    On the CPU, without replay, a whole batch ready in the queue is read where it lies
+    (`borrow`): each field is copied out of the slots once, into its tensor, with no copy
+    of the records in between. Otherwise the fresh batch is filled across calls
+    (fragments taken before a timeout are kept), as the replay buffer needs its records
+    in one piece anyway. For a learner on an accelerator the batches lie in pinned
     memory, from which they go to the device in one transfer.
 
     Time spent waiting for fragments counts as `learner_queue_s`, time spent making
-    tensors of them as `learner_update_s`."""
+    tensors of them and adding them to the replay buffer as `learner_update_s`."""
 
     def __init__(self, cfg: Config, fragments: ArrayQueue, replay: ReplayBuffer | None,
                  counters: Counters, device: torch.device | str = "cpu"):
         self.fragments, self.replay, self.counters = fragments, replay, counters
         self.device = torch.device(device)
-        self.in_place = self.device.type == "cpu"  # else batches go from pinned memory
+        pinned = self.device.type != "cpu"
+        self.in_place = not pinned and replay is None
         B = cfg.learners.batch_size
-        self.fresh = _records(B, fragments.dtype, pinned=not self.in_place)
-        self.replayed = _records(B, fragments.dtype, pinned=not self.in_place)
+        self.fresh = _records(B, fragments.dtype, pinned)
+        self.replayed = _records(B, fragments.dtype, pinned)
         self.filled = 0  # fragments of the fresh batch so far
+        self.build_s = 0.0  # of this call to next(): seconds spent making the batch
         self.rng = np.random.default_rng()  # this thread's draws: a handle's own are not for threads
 
     def next(self) -> tuple[Batch, bool] | None:
@@ -323,8 +326,10 @@ class BatchSource:
             self.counters.add("replayed", B)
             return self._tensors(self.replayed), False
         self.filled = 0
+        started = time.perf_counter()
         if self.replay is not None:
             self.replay.add_many(fresh)
+        self.build_s += time.perf_counter() - started
         return self._tensors(fresh), True
 
     def _lent(self, B: int) -> Batch | None:
@@ -336,8 +341,6 @@ class BatchSource:
                 self.fresh[:len(lent)] = lent
                 self.filled = len(lent)
                 return None
-            if self.replay is not None:
-                self.replay.add_many(lent)
             return self._tensors(lent)
 
     def _tensors(self, records: np.ndarray) -> Batch:

@@ -687,6 +687,7 @@ static int64_t take(header_t *h, char *out, uint64_t n, int64_t timeout_ns, uint
 
 int64_t rq_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns) {
     uint64_t first;
+    if (!out && n) return RQ_BAD_ARGUMENT; /* a NULL out is how take() tells a borrow */
     return take(mem, out, n, timeout_ns, &first);
 }
 

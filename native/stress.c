@@ -122,6 +122,14 @@ static void *consumer_main(void *arg) {
             w->last[rec->source] = rec->seq + 1;
             w->counts[rec->source * w->items + rec->seq]++;
         }
+        /* Lent records are still intact after they were read: no producer wrote into a
+         * slot before its release. */
+        for (int64_t i = 0; borrow && i < r; i++)
+            if (!intact((const record_t *)(records + (slot + (uint64_t)i) * stride))) {
+                fprintf(stderr, "consumer %" PRIu64 ": a lent record changed before its release\n", w->id);
+                w->failed = true;
+                return NULL;
+            }
         if (borrow && r > 0 && rq_release(w->queue) != r) {
             fprintf(stderr, "consumer %" PRIu64 ": rq_release did not release %" PRId64 "\n", w->id, r);
             w->failed = true;

@@ -12,6 +12,7 @@ process exits, which breaks segments shared with short-lived workers.
 from __future__ import annotations
 
 import atexit
+import ctypes
 import mmap
 import multiprocessing.util
 import os
@@ -80,7 +81,10 @@ def _unlink_all() -> None:
 def _release(buffer, mapping, path: str) -> None:
     """Finalizer on garbage collection: unmap, and remove the name if we created it."""
     ffi.release(buffer)
-    mapping.close()
+    try:
+        mapping.close()
+    except BufferError:
+        pass  # views of it are still alive (Segment.view): it is unmapped with the last one
     _unlink(path)
 
 
@@ -115,6 +119,7 @@ class Segment:
         finally:
             os.close(fd)
         self.address = ffi.from_buffer(mapping)
+        self._mapping = mapping
         self._path = path
         if create:
             _OWNED[path] = os.getpid()
@@ -131,6 +136,13 @@ class Segment:
     @classmethod
     def attach(cls, name: str, size: int) -> Segment:
         return cls(name, size, create=False)
+
+    def view(self, offset: int, size: int):
+        """Bytes [offset, offset + size) of the segment, as a buffer that keeps the mapping
+        alive for as long as it, or an array made on it, lives. (A ctypes array: numpy
+        keeps it as the array's base, where of a memoryview it would keep only the mmap,
+        which the finalizer could then unmap under the array.)"""
+        return (ctypes.c_char * size).from_buffer(self._mapping, offset)
 
     def unlink(self) -> None:
         """Remove the name (creator only); mappings stay valid until released."""

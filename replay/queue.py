@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import queue
+import threading
 import time
 
 import numpy as np
@@ -46,18 +47,31 @@ def _check_timeout(block: bool, timeout: float | None) -> None:
 
 class Borrow:
     """What `ArrayQueue.borrow` returns: entering it lends the records, leaving it gives
-    their slots back to the producers."""
+    their slots back to the producers. Used once, and left on the thread that entered it:
+    the loan belongs to that thread (native/README.md, "Borrow")."""
 
-    __slots__ = ("_queue", "_args")
+    __slots__ = ("_queue", "_args", "_thread", "_lent")
 
     def __init__(self, queue_: ArrayQueue, max_items: int, block: bool, timeout: float | None):
-        self._queue, self._args = queue_, (max_items, block, timeout)
+        self._queue, self._args, self._thread, self._lent = queue_, (max_items, block, timeout), None, 0
 
     def __enter__(self) -> np.ndarray:
-        return self._queue._lend(*self._args)
+        if self._thread is not None:
+            raise RuntimeError("a borrow is used once: call queue.borrow(...) again for the next loan")
+        self._thread = threading.get_ident()
+        records = self._queue._lend(*self._args)
+        self._lent = len(records)
+        return records
 
     def __exit__(self, *exc) -> None:
-        _release(self._queue._q)
+        if threading.get_ident() != self._thread:
+            raise RuntimeError(
+                "a borrow must end on the thread that began it (a `with queue.borrow(...)` "
+                "block in a generator finished by another thread): its records stay lent "
+                "until that thread ends its block")
+        released = _release(self._queue._q)
+        if released != self._lent:
+            raise RuntimeError(f"queue error: the borrow of {self._lent} records released {released}")
 
 
 class ArrayQueue(RecordHandle):
@@ -93,9 +107,10 @@ class ArrayQueue(RecordHandle):
         self._q = segment.address
         self._capacity = capacity
         self._set_dtype(dtype)
-        # Every slot's record, read-only: a borrow lends a slice of it.
+        # Every slot's record, read-only: a borrow lends a slice of it. The memoryview
+        # keeps the mapping alive while any slice does.
         stride = lib.rq_slot_bytes(self._q)
-        memory = ffi.buffer(self._q + lib.rq_records_offset(self._q), stride * (capacity - 1) + dtype.itemsize)
+        memory = segment.view(lib.rq_records_offset(self._q), stride * (capacity - 1) + dtype.itemsize)
         self._slots = np.ndarray(capacity, dtype, memory, strides=(stride,))
         self._slots.flags.writeable = False
 
@@ -271,16 +286,18 @@ class ArrayQueue(RecordHandle):
         """Lend between 1 and `max_items` records where they lie in the queue, with no copy:
 
             with q.borrow(32) as records:   # a read-only array viewing the queue's slots
-                obs = torch.from_numpy(records["obs"])   # copied out here, once
+                obs = torch.tensor(records["obs"])   # copied out here, once
 
         Waits and raises like `get_many`, on entering the block. The records are taken
         from the queue as by a get, but their slots stay out of the producers' reach until
-        the block ends; then the view must not be used again, as the next records
+        the block ends; then the view (and anything sharing its memory, such as
+        `torch.from_numpy` of a field) must not be used again, as the next records
         overwrite it. It may lend fewer records than are ready (a borrow never wraps
         around the queue's ring). One borrow at a time per thread: inside the block, this
-        thread's gets and borrows on the same queue raise RuntimeError. A process that
-        dies inside the block loses the records, as a consumer dying inside a get does
-        (`stats()["lost"]`). A loan costs what a copy of 64-byte records costs, and
+        thread's gets and borrows on the same queue raise RuntimeError, and its puts
+        may wait for the slots it holds. The block must end on the thread that began
+        it. A process that dies inside the block loses the records, as a consumer dying
+        inside a get does (`stats()["lost"]`). A loan costs what a copy of 64-byte records costs, and
         less from about 1 KiB per record on (docs/benchmarks.md)."""
         if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)) or max_items < 1:
             raise ValueError(f"max_items must be a positive int, got {max_items!r}")
@@ -292,12 +309,18 @@ class ArrayQueue(RecordHandle):
         # First one C call that does not wait (see put_many); wait only if it found nothing.
         n = _lend(self._q, slot, max_items, 0)
         if n < 0:
-            raise self._error(n)
-        if n == 0 and block:
-            n = self._move(_lend, slot, max_items, block, deadline_of(timeout))
-        if n == 0:
-            raise queue.Empty
-        return self._slots[slot[0]:slot[0] + n]
+            raise self._error(n)  # no loan made (RQ_BORROWING: this thread's other one stays)
+        try:
+            if n == 0 and block:
+                n = self._move(_lend, slot, max_items, block, deadline_of(timeout))
+            if n == 0:
+                raise queue.Empty
+            return self._slots[slot[0]:slot[0] + n]
+        except BaseException:
+            # This thread held no loan before the first call, so any it holds now is this
+            # one, made before the exception came (a KeyboardInterrupt, say): give it back.
+            _release(self._q)
+            raise
 
     # ---- closing ----------------------------------------------------------------------
 

@@ -236,19 +236,23 @@ def test_batch_from_fragments_is_time_major_and_aligned_with_the_fragments():
     np.testing.assert_array_equal(batch.bootstrap_obs.numpy(), f["last_obs"])
 
 
-def test_a_batch_read_in_the_queues_slots_equals_one_copied_out_and_goes_to_the_replay_buffer():
-    """A learner's two ways to a fresh batch: a whole batch lent where it lies in the queue,
-    and one copied out (here the second batch's first borrow stops at the end of the
-    ring, after 2 of 4 fragments, and get_many takes the rest). Both give the tensors
-    the records give, both reach the replay buffer, and every fragment counts once."""
-    cfg = load_config({"learners": {"batch_size": 4, "minibatches": 1}, "replay": {"ratio": 1.0}})
+@pytest.mark.parametrize("replay", [False, True], ids=["in-place", "with-replay"])
+def test_a_batch_read_in_the_queues_slots_equals_one_copied_out(replay):
+    """A learner's two ways to a fresh batch: a whole batch lent where it lies in the queue
+    (without replay), and one copied out (with replay, which keeps records in one piece;
+    and the second batch, whose first loan stops at the end of the ring after 2 of 4
+    fragments, get_many taking the rest). Both give the tensors the records give, and
+    keep them after the slots are written again; every fragment counts once, and reaches
+    the replay buffer if there is one."""
+    cfg = load_config({"learners": {"batch_size": 4, "minibatches": 1},
+                       "replay": {"ratio": 1.0 if replay else 0.0}})
     f = fragments(3, 8)
     rng = np.random.default_rng(0)
     for name in ("obs", "last_obs", "reward", "logp", "trunc_value"):
         f[name] = rng.normal(size=f[name].shape)
     f["obs"][:, 0, 0] = np.arange(8)  # marks, for the replay buffer's record
     q, counters = ArrayQueue(6, f.dtype), Counters(COUNTERS, TIMERS)
-    replay = RecordingReplay(replay_buffer(cfg, f.dtype))
+    buffer = RecordingReplay(replay_buffer(cfg, f.dtype)) if replay else None
     copies = []  # get_many calls per batch
 
     class Queue:  # the queue, counting get_many calls
@@ -259,22 +263,28 @@ def test_a_batch_read_in_the_queues_slots_equals_one_copied_out_and_goes_to_the_
             copies[-1] += 1
             return q.get_many(*args, **kwargs)
 
-    source = BatchSource(cfg, Queue(), replay, counters)
+    source = BatchSource(cfg, Queue(), buffer, counters)
     try:
+        batches = []
         for part in (f[:4], f[4:]):  # positions 0-3, then 4-7: slots 4, 5, 0, 1
             q.put_many(part)
             copies.append(0)
             batch, fresh = source.next()
             assert fresh
+            batches.append(batch)
+        q.put_many(np.zeros(6, f.dtype))  # every slot written again
+        for part, batch in zip((f[:4], f[4:]), batches):
             for name, got, expected in zip(Batch._fields, batch, batch_from_fragments(part)):
                 assert got is None and expected is None or torch.equal(got, expected), name
-        assert copies == [0, 1]  # the first batch was read in place
-        assert replay.added == list(range(8))
-        assert counters["queue_gets"] == 8 and q.qsize() == 0
+        assert copies == ([1, 1] if replay else [0, 1])  # without replay, the first in place
+        assert counters["queue_gets"] == 8
+        if replay:
+            assert buffer.added == list(range(8))
     finally:
         q.close()
         counters.close()
-        replay.buffer.close()
+        if replay:
+            buffer.buffer.close()
 
 
 # ---------------------------------------------------------------------------- shared optimizers

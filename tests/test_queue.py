@@ -340,6 +340,50 @@ def test_borrow_on_empty_waits_like_get_many():
     assert isinstance(closer.finish().error, Closed)
 
 
+def test_a_borrow_ended_on_another_thread_is_refused_and_releases_nothing():
+    """A generator's `with q.borrow()` finished by another thread: refused, and that
+    thread's own loan stays intact."""
+    q = ArrayQueue(4, TAGGED)
+    q.put_many(np.array([(0, 0), (0, 1)], TAGGED))
+
+    def lend_one():
+        with q.borrow(1) as records:
+            yield records
+
+    gen = Worker(lambda: (lambda g: (next(g), g))(lend_one())).finish().result[1]
+    with q.borrow(1) as mine:
+        with pytest.raises(RuntimeError, match="end on the thread that began it"):
+            gen.close()
+        assert q.put_many(np.array([(1, 0)] * 4, TAGGED), block=False) == 2  # both loans hold
+        assert mine.tolist() == [(0, 1)]
+    q.close()
+
+
+def test_a_lent_view_kept_after_its_queue_is_gone_does_not_crash():
+    """Misuse, but not a crash: the memory stays mapped while a view of it lives."""
+    import gc
+
+    q = ArrayQueue(2, TAGGED)
+    q.put((5, 6))
+    with q.borrow(1) as records:
+        kept = records
+    q.close()
+    del q
+    gc.collect()
+    assert kept.tolist() == [(5, 6)]
+
+
+def test_a_borrow_is_used_once():
+    q = ArrayQueue(2, TAGGED)
+    q.put((0, 0))
+    loan = q.borrow(1)
+    with loan:
+        pass
+    with pytest.raises(RuntimeError, match="used once"):
+        loan.__enter__()
+    q.close()
+
+
 def test_borrow_checks_its_arguments():
     q = ArrayQueue(4, TAGGED)
     for bad in (0, -1, True, 1.5):
