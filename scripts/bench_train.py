@@ -148,7 +148,18 @@ ABLATIONS = {
     "no-adv-floor": {"learners__advantage_std_floor": 0.0},
     "no-value-floor": {"learners__value_scale_floor": 0.0},
 }
-VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS}
+# Hypotheses for the falls of a solved policy at 10x the budget, each one change
+# (`--stability --tasks cartpole --only a3c own-value-torso ...`): value-loss noise
+# reaching the policy through the shared torso; noise scaled up by advantage
+# normalization; a horizon too short to see the cart's slow drift; the policy's entropy
+# running out.
+STABILITY_VARIANTS = {
+    "own-value-torso": {"model__shared_torso": False},
+    "adv-floor-1": {"learners__advantage_std_floor": 1.0},
+    "gamma-0.999": {"learners__gamma": 0.999},
+    "ent-0.01": {"learners__ent_coef": 0.01},
+}
+VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
 # the end of their budgets.
 STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
@@ -168,6 +179,8 @@ class Result:
     hit: tuple[float, int] | None = None  # (wall seconds from launch, env steps)
     lowest: float = float("nan")  # the lowest last-100 mean from the first hit on
     lowest_at: int = 0  # the env steps then
+    after: int = 0  # episodes that ended after the first hit
+    below: int = 0  # of those, the ones whose return was below the threshold
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
@@ -177,6 +190,9 @@ class Result:
 
     def episode(self, step: int, ret: float) -> None:
         self.window.append(ret)
+        if self.hit is not None:
+            self.after += 1
+            self.below += ret < self.threshold
         if len(self.window) < WINDOW:
             return
         mean, now = float(np.mean(self.window)), time.perf_counter() - self.start
@@ -208,6 +224,12 @@ class Result:
     @property
     def solved(self) -> bool:
         return self.final >= self.threshold
+
+    @property
+    def below_share(self) -> float:
+        """The share of the episodes after the first hit whose return was below the
+        threshold: steadier than the lowest mean, which one cluster of falls sets."""
+        return self.below / self.after if self.after else float("nan")
 
 
 def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False) -> Result:
@@ -378,7 +400,8 @@ def main() -> None:
                 if task.family:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
                              f"; deterministic eval {r.evaluation:.0f}"
-                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}); "
+                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}; "
+                      f"episodes below the threshold after {r.below_share:.2%}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
     print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
@@ -406,12 +429,13 @@ def main() -> None:
         print(f"\nholding the threshold, {scale:g}x the budgets: the lowest last-100 mean from the "
               "first time it reached the threshold to the end (held: never below the threshold again)")
         print(f"{'task':11} {'method':14} {'reached':>7} {'held':>5}  {'lowest, per seed':28} "
-              "final, per seed")
+              f"{'final, per seed':28} episodes below after, per seed")
         per_seed = lambda xs: " ".join(f"{x:8.1f}" for x in xs)  # noqa: E731
         for (name, method), rows in table.items():
             reached, held = sum(bool(r.hit) for r in rows), sum(r.lowest >= r.threshold for r in rows)
             print(f"{name:11} {method:14} {reached:>5}/{len(rows)} {held:>3}/{len(rows)}  "
-                  f"{per_seed(r.lowest for r in rows):28} {per_seed(r.final for r in rows)}")
+                  f"{per_seed(r.lowest for r in rows):28} {per_seed(r.final for r in rows):28} "
+                  + " ".join(f"{r.below_share:8.2%}" for r in rows))
     for (name, method), rows in table.items():
         if rows[0].cores:
             print(f"{name} {method}: cores busy, median over seeds: " + ", ".join(
