@@ -152,12 +152,15 @@ ABLATIONS = {
 # (`--stability --tasks cartpole --only a3c own-value-torso ...`): value-loss noise
 # reaching the policy through the shared torso; noise scaled up by advantage
 # normalization; a horizon too short to see the cart's slow drift; the policy's entropy
-# running out.
+# running out; and against the noise of the updates, a smaller advantage floor or
+# minibatches twice as large.
 STABILITY_VARIANTS = {
     "own-value-torso": {"model__shared_torso": False},
     "adv-floor-1": {"learners__advantage_std_floor": 1.0},
     "gamma-0.999": {"learners__gamma": 0.999},
     "ent-0.01": {"learners__ent_coef": 0.01},
+    "adv-floor-0.03": {"learners__advantage_std_floor": 0.03},
+    "minibatches-2": {"learners__minibatches": 2},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
