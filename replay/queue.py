@@ -297,8 +297,9 @@ class ArrayQueue(RecordHandle):
         thread's gets and borrows on the same queue raise RuntimeError, and its puts
         may wait for the slots it holds. The block must end on the thread that began
         it. A process that dies inside the block loses the records, as a consumer dying
-        inside a get does (`stats()["lost"]`). A loan costs what a copy of 64-byte records costs, and
-        less from about 1 KiB per record on (docs/benchmarks.md)."""
+        inside a get does (`stats()["lost"]`). With records of 64 B to 1 KiB, borrowing
+        moves about what `get_many` moves (the copy it saves stays in the cache); it pays
+        for large records, such as a learner's batch of image fragments."""
         if isinstance(max_items, bool) or not isinstance(max_items, (int, np.integer)) or max_items < 1:
             raise ValueError(f"max_items must be a positive int, got {max_items!r}")
         _check_timeout(block, timeout)
