@@ -326,11 +326,7 @@ class BatchSource:
             self.counters.add("replayed", B)
             return self._tensors(self.replayed), False
         self.filled = 0
-        started = time.perf_counter()
-        if self.replay is not None:
-            self.replay.add_many(fresh)
-        self.build_s += time.perf_counter() - started
-        return self._tensors(fresh), True
+        return self._tensors(fresh, keep=self.replay is not None), True
 
     def _lent(self, B: int) -> Batch | None:
         """A whole batch read in the queue's slots, or None once the fragments lent (fewer
@@ -343,8 +339,12 @@ class BatchSource:
                 return None
             return self._tensors(lent)
 
-    def _tensors(self, records: np.ndarray) -> Batch:
+    def _tensors(self, records: np.ndarray, keep: bool = False) -> Batch:
+        """The batch of `records` on the device, after adding them to the replay buffer
+        if `keep`; the time it takes counts towards `build_s`."""
         started = time.perf_counter()
+        if keep:
+            self.replay.add_many(records)
         batch = batch_from_fragments(records, self.device)
         self.build_s += time.perf_counter() - started
         return batch

@@ -534,8 +534,8 @@ static int64_t claim_ready(header_t *h, claimant_t *me, uint64_t n, bool in_plac
 }
 
 /* Steps 6-7 of a pop: hand back the k slots claimed from `first` on, copying each
- * record to `out` first unless `out` is NULL (a borrow's records were read in place).
- * Returns the count copied. */
+ * record to `out` first unless `out` is NULL (a borrow's records were read in place),
+ * and wake producers waiting for room. Returns the count copied. */
 static uint64_t release_claimed(header_t *h, claimant_t *me, uint64_t first, uint64_t k, char *out) {
     /* 6. Copy each record out, then free its slot for the next lap. Release: our read of
      *    the record happens before a producer's acquire of the stamp and overwrite. */
@@ -549,6 +549,7 @@ static uint64_t release_claimed(header_t *h, claimant_t *me, uint64_t first, uin
     }
     /* 7. Done: drop the intent. Release orders it after the releases of the slots. */
     atomic_store_explicit(&me->intent_count, 0, memory_order_release);
+    wake(&h->push_word);
     return written;
 }
 
@@ -659,11 +660,7 @@ static int64_t take(header_t *h, char *out, uint64_t n, int64_t timeout_ns, uint
     uint64_t consumed;
     for (int round = 0;; round++) {
         popped = try_pop(h, me, out, n, first, &consumed);
-        if (consumed && out) wake(&h->push_word);
-        if (popped == 0 && consumed) { /* only skipped records: look again */
-            if (!out) wake(&h->push_word);
-            continue;
-        }
+        if (popped == 0 && consumed) continue; /* only skipped records: look again */
         if (popped != 0 || timeout_ns == 0) break;
         if (deadline == -2) deadline = deadline_of(timeout_ns);
         if (expired(deadline)) break;
@@ -671,15 +668,11 @@ static int64_t take(header_t *h, char *out, uint64_t n, int64_t timeout_ns, uint
         atomic_fetch_add_explicit(&h->empty_waits, 1, memory_order_relaxed);
         uint32_t value = announce(&h->pop_word);
         popped = try_pop(h, me, out, n, first, &consumed);
-        if (popped != 0 || consumed) {
-            if (consumed && (out || popped == 0)) wake(&h->push_word);
-            if (popped != 0) break;
-            continue;
-        }
+        if (popped != 0) break;
+        if (consumed) continue;
         sleep_on(&h->pop_word, value, nap_end(deadline));
         /* Back to the caller after one sleep, so that it can handle signals. */
         popped = try_pop(h, me, out, n, first, &consumed);
-        if (consumed && (out || popped == 0)) wake(&h->push_word);
         break;
     }
     return popped;
@@ -720,7 +713,6 @@ int64_t rq_release(void *mem) {
     uint64_t count = atomic_load_explicit(&me->intent_count, memory_order_relaxed);
     uint64_t first = atomic_load_explicit(&me->intent_start, memory_order_relaxed);
     release_claimed(h, me, first, count, NULL);
-    wake(&h->push_word);
     return (int64_t)count;
 }
 

@@ -85,6 +85,11 @@ static void *producer_main(void *arg) {
     return NULL;
 }
 
+/* Record i of a loan that starts at `slot` (rq.h, rq_borrow). */
+static const record_t *lent_record(const char *records, uint64_t stride, uint64_t slot, int64_t i) {
+    return (const record_t *)(records + (slot + (uint64_t)i) * stride);
+}
+
 /* Half of a consumer's calls pop records into `out`, half borrow them and read them in
  * their slots (rq_borrow), releasing them once checked. */
 static void *consumer_main(void *arg) {
@@ -105,8 +110,7 @@ static void *consumer_main(void *arg) {
             return NULL;
         }
         for (int64_t i = 0; i < r; i++) {
-            const record_t *rec = borrow ? (const record_t *)(records + (slot + (uint64_t)i) * stride)
-                                         : &out[i];
+            const record_t *rec = borrow ? lent_record(records, stride, slot, i) : &out[i];
             if (!intact(rec) || rec->source >= w->producers || rec->seq >= w->items) {
                 fprintf(stderr, "consumer %" PRIu64 ": torn or foreign record (%" PRIu64 ", %" PRIu64 ")\n",
                         w->id, rec->source, rec->seq);
@@ -125,7 +129,7 @@ static void *consumer_main(void *arg) {
         /* Lent records are still intact after they were read: no producer wrote into a
          * slot before its release. */
         for (int64_t i = 0; borrow && i < r; i++)
-            if (!intact((const record_t *)(records + (slot + (uint64_t)i) * stride))) {
+            if (!intact(lent_record(records, stride, slot, i))) {
                 fprintf(stderr, "consumer %" PRIu64 ": a lent record changed before its release\n", w->id);
                 w->failed = true;
                 return NULL;

@@ -24,7 +24,7 @@ _push, _pop, _from_buffer, _ndarray = lib.rqpy_push, lib.rqpy_pop, ffi.from_buff
 _borrow, _release, _new_index = lib.rqpy_borrow, lib.rq_release, ffi.new
 
 
-def _lend(q, slot, n: int, timeout_ns: int) -> int:
+def _borrow_for_move(q, slot, n: int, timeout_ns: int) -> int:
     """rq_borrow with rq_pop's order of arguments, for ArrayQueue._move."""
     return _borrow(q, n, timeout_ns, slot)
 
@@ -107,8 +107,8 @@ class ArrayQueue(RecordHandle):
         self._q = segment.address
         self._capacity = capacity
         self._set_dtype(dtype)
-        # Every slot's record, read-only: a borrow lends a slice of it. The memoryview
-        # keeps the mapping alive while any slice does.
+        # Every slot's record, read-only: a borrow lends a slice of it. Its buffer keeps
+        # the mapping alive while any slice does (Segment.view).
         stride = lib.rq_slot_bytes(self._q)
         memory = segment.view(lib.rq_records_offset(self._q), stride * (capacity - 1) + dtype.itemsize)
         self._slots = np.ndarray(capacity, dtype, memory, strides=(stride,))
@@ -308,12 +308,12 @@ class ArrayQueue(RecordHandle):
     def _lend(self, max_items: int, block: bool, timeout: float | None) -> np.ndarray:
         slot = _new_index("uint64_t *")
         # First one C call that does not wait (see put_many); wait only if it found nothing.
-        n = _lend(self._q, slot, max_items, 0)
+        n = _borrow_for_move(self._q, slot, max_items, 0)
         if n < 0:
             raise self._error(n)  # no loan made (RQ_BORROWING: this thread's other one stays)
         try:
             if n == 0 and block:
-                n = self._move(_lend, slot, max_items, block, deadline_of(timeout))
+                n = self._move(_borrow_for_move, slot, max_items, block, deadline_of(timeout))
             if n == 0:
                 raise queue.Empty
             return self._slots[slot[0]:slot[0] + n]
@@ -345,7 +345,7 @@ class ArrayQueue(RecordHandle):
     # ---- internals --------------------------------------------------------------------
 
     def _move(self, fn, buffer, n: int, block: bool, until: float | None) -> int:
-        """Call rq_push/rq_pop/_lend, waiting in slices until something moved or `until` (a
+        """Call rq_push/rq_pop/rq_borrow, waiting in slices until something moved or `until` (a
         time.monotonic() value; None for no limit) has passed; at least one call is made.
         Returns the count moved (0: nothing before `until`)."""
         if not block:

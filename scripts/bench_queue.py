@@ -855,21 +855,10 @@ def report(results) -> None:
         print(f"{s:5s} {topo:5s} {mode:5s} {impl:24s} {fmt_rate(rate):>9s} {rate * size / 1e6:7.0f} "
               f"{spread * 100:5.0f}% {cores:5.1f}  {ratios[0]:>14s} {ratios[1]:>11s} {ratios[2]:>14s}")
 
-    timed = [(name, rate, results.get(name.replace("+timeout", ""))) for name, (rate, *_) in
-             results.items() if "+timeout" in name]
-    if timed:
-        print("\nThe cost of a timeout (timeout=30 on every call, over the same cell without one):")
-        for name, rate, plain in timed:
-            shown = f"{rate / plain[0]:.2f}x" if plain else "(cell without timeout not run)"
-            print(f"  {name:46s} {shown}")
-
-    borrowed = [(name, rate, results.get(name.replace("+borrow", ""))) for name, (rate, *_) in
-                results.items() if "+borrow" in name]
-    if borrowed:
-        print("\nReading batches in place (borrow) over copying them out (get_many), same cell:")
-        for name, rate, plain in borrowed:
-            shown = f"{rate / plain[0]:.2f}x" if plain else "(cell with get_many not run)"
-            print(f"  {name:46s} {shown}")
+    _against_plain(results, "+timeout", "The cost of a timeout (timeout=30 on every call, over the "
+                   "same cell without one):", "(cell without timeout not run)")
+    _against_plain(results, "+borrow", "Reading batches in place (borrow) over copying them out "
+                   "(get_many), same cell:", "(cell with get_many not run)")
 
     print("\nBars:")
     for topo in ("1P1C", "4P2C"):
@@ -891,6 +880,17 @@ def report(results) -> None:
             _bar(f"threads per item {size} {topo}: >= 3x queue.Queue",
                  get(size, topo, "item", "ArrayQueue:threads"),
                  get(size, topo, "item", "queue.Queue:threads"), 3)
+
+
+def _against_plain(results, tag: str, title: str, missing: str) -> None:
+    """Each cell of a variant (its implementation's name carries `tag`) over the same cell
+    of plain ArrayQueue."""
+    pairs = [(name, rate, results.get(name.replace(tag, ""))) for name, (rate, *_) in
+             results.items() if tag in name]
+    if pairs:
+        print("\n" + title)
+        for name, rate, plain in pairs:
+            print(f"  {name:46s} {f'{rate / plain[0]:.2f}x' if plain else missing}")
 
 
 def _bar(label, value, base, factor, unit=None):
