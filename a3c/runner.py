@@ -154,7 +154,7 @@ class Trainer:
             # process runs one thread, else the fork server.
             self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
                                            self.counters, self.learner_stats, self.replay,
-                                           _context(), self.device_copy)
+                                           _learner_context(), self.device_copy)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
@@ -290,10 +290,27 @@ def _context():
     """Where actor (and learner) processes come from. Forking this process is fast (no
     imports) and safe while it runs a single thread, as when a run starts; once learner or
     monitor threads run, a thread may hold a lock the child would inherit locked, so
-    restarted actors come from a fork server: a clean process that imported the actor code
-    once."""
+    restarted actors come from the fork server."""
     if threading.active_count() == 1:
         return mp.get_context("fork")
+    return _fork_server()
+
+
+def _learner_context():
+    """Where learner processes come from: as actors, except where an accelerator is
+    visible. There the first backward pass in this process (learner threads of an earlier
+    run, say) starts autograd's device threads, and a forked child's backward pass then
+    fails ("Unable to handle autograd's threading in combination with fork-based
+    multiprocessing"); whether one ran cannot be asked, so learners come from the fork
+    server."""
+    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
+    if accelerator.is_available() if accelerator is not None else torch.cuda.is_available():
+        return _fork_server()
+    return _context()
+
+
+def _fork_server():
+    """The fork server: a clean process that imported the worker code once."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["a3c.actor"])
+    ctx.set_forkserver_preload(["a3c.actor", "a3c.learner"])
     return ctx

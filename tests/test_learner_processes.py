@@ -178,6 +178,24 @@ def test_a_run_with_learner_processes_trains_and_leaves_no_process(tmp_path):
     assert (tmp_path / "run" / "checkpoint.pt").is_file()
 
 
+def test_learner_processes_train_after_this_process_ran_a_backward_pass(tmp_path):
+    """Where an accelerator is visible, the first backward pass starts autograd's device
+    threads, and a forked child's backward pass fails: a run of learner processes after
+    one of learner threads in the same process (or this suite's earlier tests) broke there."""
+    torch.nn.Linear(2, 1)(torch.ones(1, 2)).sum().backward()
+    counts = Trainer(run_config(tmp_path, total_timesteps=2000), tmp_path / "run").train()
+    assert counts["updates"] > 0
+
+
+def test_learner_processes_come_from_the_fork_server_where_an_accelerator_is_visible(monkeypatch, tmp_path):
+    from a3c import runner
+
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)
+    assert runner._learner_context().get_start_method() == "forkserver"
+    counts = Trainer(run_config(tmp_path, total_timesteps=2000), tmp_path / "run").train()
+    assert counts["updates"] > 0
+
+
 def test_a_learner_process_that_dies_stops_the_run_with_an_error_and_a_checkpoint(tmp_path):
     trainer = Trainer(run_config(tmp_path, total_timesteps=100_000_000), tmp_path / "run")
     outcome = []
