@@ -25,15 +25,23 @@ moves against `ray.get` alone. Side by side in one run.
    MinAtar Breakout configs' models and batches, fed by a thread that keeps the queue full
    of ready-made fragments (no actors: the learners alone). Medians of rounds that
    alternate the settings; the speed-up is over one learner of the same mode.
+4. Actors against their count (--actor-counts, e.g. 1 2 4 8 14): whole runs of a task's
+   shipped config (--actor-task, Pong by default) with that many process actors, the
+   learner thread on the CPU and, where CUDA is visible, on the GPU; each stopped after
+   --actor-seconds as Ctrl-C would stop it. Env steps/s and gradient steps/s (medians of
+   the monitor's per-second values, the first 5 s left out) and where the time goes (the
+   cores each part keeps busy: perf/cores_*). Run only when counts are given.
 
     python scripts/bench_scale.py                       # about 11 minutes on 2 cores
     python scripts/bench_scale.py --seeds 1 2 3 4 5 --pin
     python scripts/bench_scale.py --skip cartpole pump --learners 1 2 4
+    python scripts/bench_scale.py --skip cartpole pump learners --actor-counts 1 2 4 8 14
 """
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import statistics
 import threading
 import time
@@ -54,7 +62,8 @@ RAY_BAR, PUMP_BAR = 0.75, 0.90
 
 # ------------------------------------------------------------------------- learners
 LEARNER_CONFIGS = {"cartpole": ROOT / "configs" / "cartpole.yaml",
-                   "minatar_breakout": ROOT / "configs" / "minatar_breakout.yaml"}
+                   "minatar_breakout": ROOT / "configs" / "minatar_breakout.yaml",
+                   "pong": ROOT / "configs" / "pong.yaml"}
 
 
 def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup: float = 2.0) -> float:
@@ -134,6 +143,53 @@ def learner_rounds(args) -> None:
         rate = statistics.median(runs[(task, mode, num)])
         base = statistics.median(runs[(task, mode, args.learners[0])])
         print(f"{task:17} {mode:8} {num:8d} {rate:9.0f} {rate / base:8.2f}")
+
+
+# --------------------------------------------------------------------------- actors
+PARTS = ("actor_env", "actor_policy", "actor_queue", "learner_queue", "learner_update")
+
+
+def actor_run(task: str, num: int, device: str, seconds: float, warmup: float = 5.0) -> dict:
+    """One run of `task`'s shipped config with `num` process actors and the learner on
+    `device`, stopped after `seconds` by a SIGINT (what Ctrl-C sends): medians of the
+    monitor's per-second env steps/s, gradient steps/s and busy cores of each part."""
+    from a3c import A3C
+    from a3c.metrics import MemorySink
+
+    sink = MemorySink()
+    agent = A3C(LEARNER_CONFIGS[task], actors__num=num, learners__device=device, total_timesteps=10**10,
+                logging__progress=False, logging__interval_s=1.0, checkpoint__interval_s=0,
+                logging__run_root="/tmp/a3c-bench-runs")
+    timer = threading.Timer(seconds, signal.raise_signal, (signal.SIGINT,))
+    timer.start()
+    try:
+        agent.learn(sink=sink)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        timer.cancel()
+
+    def median(tag: str) -> float:
+        values = [v for _, v in sink.scalars.get(tag, [])[int(warmup):-1]]  # not the warm-up, not the last
+        return statistics.median(values) if values else float("nan")
+
+    return {"sps": median("perf/sps"), "ups": median("perf/updates_per_s"),
+            **{part: median(f"perf/cores_{part}") for part in PARTS}}
+
+
+def actor_rounds(args) -> None:
+    import torch
+
+    devices = ("cpu", *(["cuda"] if torch.cuda.is_available() else []))
+    print(f"\n== actors against their count: {args.actor_task}'s shipped config, process actors, "
+          f"runs of {args.actor_seconds:g} s", flush=True)
+    print(f"{'device':6} {'actors':>6} {'steps/s':>8} {'updates/s':>9}   cores busy: "
+          + " ".join(f"{p:>14}" for p in PARTS), flush=True)
+    for device in devices:
+        for num in args.actor_counts:
+            r = actor_run(args.actor_task, num, device, args.actor_seconds)
+            print(f"{device:6} {num:6d} {r['sps']:8.0f} {r['ups']:9.1f}               "
+                  + " ".join(f"{r[p]:14.2f}" for p in PARTS), flush=True)
 
 
 # ------------------------------------------------------------------------- CartPole
@@ -366,11 +422,17 @@ def main() -> None:
                         help="learner counts for the learner rounds")
     parser.add_argument("--learner-tasks", nargs="+", choices=list(LEARNER_CONFIGS), default=list(LEARNER_CONFIGS))
     parser.add_argument("--skip", choices=["cartpole", "pump", "learners"], nargs="*", default=[])
+    parser.add_argument("--actor-counts", type=int, nargs="+", default=[],
+                        help="process actor counts for whole runs (none: no such runs)")
+    parser.add_argument("--actor-task", choices=list(LEARNER_CONFIGS), default="pong")
+    parser.add_argument("--actor-seconds", type=float, default=30.0, help="length of each of those runs")
     args = parser.parse_args()
 
     print(machine("numpy", "torch", "gymnasium", "ray"))
     if "learners" not in args.skip:  # before Ray starts: forking learner processes wants one thread
         learner_rounds(args)
+    if args.actor_counts:
+        actor_rounds(args)
     if "cartpole" in args.skip and "pump" in args.skip:
         return
     import ray

@@ -129,13 +129,15 @@ A3C_VARIANTS = {
 # log-std read from the head per state, and the dataclass defaults in place of the
 # shipped config (what a config that sets only env.id gets), and the loss as it was before
 # the floors that keep a solved policy solved (learners.advantage_std_floor, value_scale_floor),
-# the config without its LSTM core, and two learner processes in place of one thread.
+# the config without its LSTM core, two learner processes in place of one thread, and the
+# learner thread on a GPU (where CUDA is visible).
 DEFAULTS = "a3c-defaults"
 OPTIONAL = {"a3c-threads": {"actors__mode": "thread"},
             "a3c-state-std": {"model__state_dependent_std": True}, DEFAULTS: {},
             "a3c-no-floors": {"learners__advantage_std_floor": 0.0, "learners__value_scale_floor": 0.0},
             "a3c-no-lstm": {"model__lstm": 0},  # what the recurrent core costs and brings
-            "a3c-2-learner-procs": {"learners__mode": "process", "learners__num": 2}}
+            "a3c-2-learner-procs": {"learners__mode": "process", "learners__num": 2},
+            "a3c-cuda": {"learners__device": "cuda"}}
 # The shipped config with one of its parts switched off or changed (--ablation): each
 # normalization, the clip, the learning-rate decay, V-trace's lambda below 1, and each floor.
 ABLATIONS = {

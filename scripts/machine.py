@@ -22,7 +22,16 @@ def machine(*packages: str) -> str:
             f"load average {load_average()} at start\n"
             f"OS: {platform.platform()}\n"
             f"Python {platform.python_version()} ({platform.python_implementation()}), "
-            + ", ".join(f"{name} {version(name)}" for name in packages))
+            + ", ".join(f"{name} {version(name)}" for name in packages) + gpu())
+
+
+def gpu() -> str:
+    """The GPU torch sees, if any (only where torch is installed)."""
+    try:
+        import torch
+    except ImportError:
+        return ""
+    return f"\nGPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
 
 
 def version(name: str) -> str:
