@@ -70,14 +70,12 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
     """Gradient steps per second of `num` learners of `mode` (thread, process, or cuda:
     threads on a GPU copy) on `task`'s config, fed ready-made fragments as fast as they
     take them."""
-    import multiprocessing as mp
-
     import torch
     from a3c.actor import fragment_dtype
     from a3c.config import load_config
     from a3c.learner import DeviceCopy, start_learners, step_queue
     from a3c.optim import build_optimizer
-    from a3c.runner import COUNTERS, TIMERS, build_default_model
+    from a3c.runner import COUNTERS, TIMERS, _learner_context, build_default_model
     from replay import ArrayQueue, Closed, Counters
 
     on_gpu = mode == "cuda"
@@ -106,9 +104,10 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
         except Closed:
             pass
 
-    # Learner processes fork while this process runs one thread; then the feeder starts.
+    # Learner processes start as a run's do (a fork while this process runs one thread);
+    # then the feeder starts.
     learners = start_learners(cfg, model, optimizer, fragments, counters, steps, None,
-                              mp.get_context("fork"),
+                              _learner_context(),
                               DeviceCopy(cfg, model, optimizer) if on_gpu else None)
     feeder = threading.Thread(target=feed, daemon=True)
     feeder.start()
