@@ -196,8 +196,9 @@ def end_with_parent() -> None:
     """Have the kernel send this process SIGTERM when its parent ends (Linux's
     PR_SET_PDEATHSIG), however it ends: a trainer killed with SIGKILL, or whose SIGTERM
     handler never ran, cannot stop its actors (or learner processes), and without this
-    they would wait on the queue forever. The parent is the trainer, or for a restarted actor the fork server,
-    which ends with the trainer."""
+    they would wait on the queue forever. The parent is the trainer, or the fork server,
+    which ends with the trainer (restarted actors, and learner processes where an
+    accelerator is visible, come from it)."""
     parent = os.getppid()
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

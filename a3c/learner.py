@@ -525,8 +525,8 @@ def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimi
                    ) -> Learners:
     """Start `learners.num` learners of `learners.mode` on the shared model, or, given
     a `device_copy`, threads on that copy, which they publish to the shared model.
-    Processes come from the multiprocessing `context` and share one lock of it for the
-    model's running statistics; the model and the optimizer statistics must be in shared
+    Processes come from the multiprocessing `context` (unused by threads) and share one
+    lock of it for the model's running statistics; the model and the optimizer statistics must be in shared
     memory."""
     args = (cfg, shared, optimizer, fragments, counters, stats)
     if device_copy is not None:

@@ -150,11 +150,10 @@ class Trainer:
                 self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
             if torch.device(cfg.learners.device).type != "cpu":  # after the actors' fork
                 self.device_copy = DeviceCopy(cfg, self.model, self.optimizer)
-            # Learner processes come from where actor processes do: a fork while this
-            # process runs one thread, else the fork server.
-            self.learners = start_learners(cfg, self.model, self.optimizer, self.fragments,
-                                           self.counters, self.learner_stats, self.replay,
-                                           _learner_context(), self.device_copy)
+            self.learners = start_learners(
+                cfg, self.model, self.optimizer, self.fragments, self.counters, self.learner_stats,
+                self.replay, _learner_context() if cfg.learners.mode == "process" else None,
+                self.device_copy)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             monitor = self.monitor = Monitor(
@@ -303,10 +302,12 @@ def _learner_context():
     fails ("Unable to handle autograd's threading in combination with fork-based
     multiprocessing"); whether one ran cannot be asked, so learners come from the fork
     server."""
+    return _fork_server() if _accelerator_visible() else _context()
+
+
+def _accelerator_visible() -> bool:
     accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    if accelerator.is_available() if accelerator is not None else torch.cuda.is_available():
-        return _fork_server()
-    return _context()
+    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
 def _fork_server():
