@@ -28,7 +28,7 @@ moves against `ray.get` alone. Side by side in one run.
 4. Actors against their count (--actor-counts, e.g. 1 2 4 8 14): whole runs of a task's
    shipped config (--actor-task, Pong by default) with that many process actors, the
    learner thread on the CPU and, where CUDA is visible, on the GPU; each stopped after
-   --actor-seconds as Ctrl-C would stop it. Env steps/s and gradient steps/s (medians of
+   --actor-seconds as Ctrl-C stops it. Env steps/s and gradient steps/s (medians of
    the monitor's per-second values, the first 5 s left out) and where the time goes (the
    cores each part keeps busy: perf/cores_*). Run only when counts are given.
 
@@ -104,8 +104,7 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
         except Closed:
             pass
 
-    # Learner processes start as a run's do (a fork while this process runs one thread);
-    # then the feeder starts.
+    # Learner processes start as a run's do (runner._learner_context); then the feeder starts.
     learners = start_learners(cfg, model, optimizer, fragments, counters, steps, None,
                               _learner_context(),
                               DeviceCopy(cfg, model, optimizer) if on_gpu else None)
@@ -150,23 +149,28 @@ PARTS = ("actor_env", "actor_policy", "actor_queue", "learner_queue", "learner_u
 
 def actor_run(task: str, num: int, device: str, seconds: float, warmup: float = 5.0) -> dict:
     """One run of `task`'s shipped config with `num` process actors and the learner on
-    `device`, stopped after `seconds` by a SIGINT (what Ctrl-C sends): medians of the
-    monitor's per-second env steps/s, gradient steps/s and busy cores of each part."""
+    `device`, stopped after `seconds` as Ctrl-C stops it (a KeyboardInterrupt, here from
+    SIGALRM: no timer thread, so the actors fork as an `a3c train` run's do): medians of
+    the monitor's per-second env steps/s, gradient steps/s and busy cores of each part."""
     from a3c import A3C
     from a3c.metrics import MemorySink
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
 
     sink = MemorySink()
     agent = A3C(LEARNER_CONFIGS[task], actors__num=num, learners__device=device, total_timesteps=10**10,
                 logging__progress=False, logging__interval_s=1.0, checkpoint__interval_s=0,
                 logging__run_root="/tmp/a3c-bench-runs")
-    timer = threading.Timer(seconds, signal.raise_signal, (signal.SIGINT,))
-    timer.start()
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
     try:
         agent.learn(sink=sink)
     except KeyboardInterrupt:
         pass
     finally:
-        timer.cancel()
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
     def median(tag: str) -> float:
         values = [v for _, v in sink.scalars.get(tag, [])[int(warmup):-1]]  # not the warm-up, not the last

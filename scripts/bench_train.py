@@ -387,6 +387,12 @@ def main() -> None:
         print(f"{' '.join(sb3)}: stable-baselines3, sb3-contrib or rl_zoo3 is not installed "
               "(pip install -e '.[bench]'), skipped")
         args.only = [m for m in args.only if m not in PPO_METHODS]
+    if "a3c-cuda" in args.only:
+        import torch
+
+        if not torch.cuda.is_available():
+            print("a3c-cuda: no CUDA device is visible, skipped")
+            args.only.remove("a3c-cuda")
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "sb3-contrib", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:

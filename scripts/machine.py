@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import platform
+import shutil
+import subprocess
 from importlib import metadata
 from pathlib import Path
 
@@ -26,12 +28,17 @@ def machine(*packages: str) -> str:
 
 
 def gpu() -> str:
-    """The GPU torch sees, if any (only where torch is installed)."""
-    try:
-        import torch
-    except ImportError:
+    """The GPUs nvidia-smi lists, if any: asked without starting CUDA in this process,
+    which would then fork its workers with CUDA's threads running."""
+    if shutil.which("nvidia-smi") is None:
         return ""
-    return f"\nGPU: {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else ""
+    try:
+        names = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                               capture_output=True, text=True, timeout=10).stdout.split("\n")
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    names = [name.strip() for name in names if name.strip()]
+    return f"\nGPU: {', '.join(names)}" if names else ""
 
 
 def version(name: str) -> str:
