@@ -156,6 +156,7 @@ ABLATIONS = {
 # normalization; a horizon too short to see the cart's slow drift; the policy's entropy
 # running out; and against the noise of the updates, a smaller advantage floor or
 # larger minibatches (2 per pass: twice CartPole's size, 4 times Acrobot's and Pendulum's).
+# The ablation no-obs-norm serves too: observation statistics narrowing to a solved policy's states.
 STABILITY_VARIANTS = {
     "own-value-torso": {"model__shared_torso": False},
     "adv-floor-1": {"learners__advantage_std_floor": 1.0},
