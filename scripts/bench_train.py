@@ -22,6 +22,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks pendulum lunarlander --only a3c-defaults ppo
     python scripts/bench_train.py --stability               # about 2 hours on 2 cores
     python scripts/bench_train.py --tasks breakout invaders --only a3c ppo ppo-cnn  # hours
+    python scripts/bench_train.py --tasks invaders --only a3c --marks 50 79  # when it passes SB3's finals
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
 """
@@ -373,6 +374,9 @@ def main() -> None:
                              "--budget-scale (10) times their budgets, 3 seeds each")
     parser.add_argument("--budget-scale", type=float,
                         help="train for this many times each task's budget (default: 1; 10 with --stability)")
+    parser.add_argument("--marks", type=float, nargs="+",
+                        help="time these last-100 means in this trainer's runs (e.g. SB3's final "
+                             "returns from an earlier run), each run stopped once it reaches the highest")
     args = parser.parse_args()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
                                 else [name for name, task in TASKS.items() if task.config and task.suite])
@@ -405,8 +409,10 @@ def main() -> None:
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
+                stop = {"target_return": max(args.marks)} if args.marks else {}
                 r = (run_ppo(task, seed, budget, method) if method in PPO_METHODS
-                     else run_a3c(task, seed, budget, VARIANTS[method], defaults=method == DEFAULTS))
+                     else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
+                                  defaults=method == DEFAULTS))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
                 if task.family:
@@ -416,6 +422,10 @@ def main() -> None:
                       f"episodes below the threshold after {r.below_share:.2%}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
+                if args.marks and method not in PPO_METHODS:
+                    print(f"{method:12} seed {seed}: " + "; ".join(
+                        f"{mark:g} at {hit[0]:.1f} s {hit[1]} steps" if (hit := r.reached(mark))
+                        else f"{mark:g} never" for mark in args.marks), flush=True)
     print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
     print(f"{'task':9} {'method':12} {'reached':>7} {'ends solved':>11} {'wall s':>7} {'steps':>8} "
           f"{'final':>7} {'steps/s':>8} {'busy':>5} {'replay':>6} {'reuse':>5}")
