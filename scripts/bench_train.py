@@ -354,8 +354,9 @@ def budget_of(task: Task) -> int:
     return task.budget or load_config(ROOT / task.config).total_timesteps
 
 
-def fmt_hit(r: Result) -> str:
-    return f"{r.hit[0]:6.1f} s {r.hit[1]:8d} steps" if r.hit else f"{'never':>6}   {'':8}      "
+def fmt_hit(hit: tuple[float, int] | None) -> str:
+    """(wall s, env steps) when a run reached a mean, or never."""
+    return f"{hit[0]:6.1f} s {hit[1]:8d} steps" if hit else f"{'never':>6}   {'':8}      "
 
 
 def main() -> None:
@@ -398,6 +399,7 @@ def main() -> None:
         if not torch.cuda.is_available():
             print("a3c-cuda: no CUDA device is visible, skipped")
             args.only.remove("a3c-cuda")
+    stop = {"target_return": max(args.marks)} if args.marks else {}  # this trainer's runs
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "sb3-contrib", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
@@ -409,7 +411,6 @@ def main() -> None:
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
-                stop = {"target_return": max(args.marks)} if args.marks else {}
                 r = (run_ppo(task, seed, budget, method) if method in PPO_METHODS
                      else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
                                   defaults=method == DEFAULTS))
@@ -418,14 +419,13 @@ def main() -> None:
                 if task.family:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
                              f"; deterministic eval {r.evaluation:.0f}"
-                print(f"{method:12} seed {seed}: reached at {fmt_hit(r)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}; "
+                print(f"{method:12} seed {seed}: reached at {fmt_hit(r.hit)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}; "
                       f"episodes below the threshold after {r.below_share:.2%}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
                 if args.marks and method not in PPO_METHODS:
                     print(f"{method:12} seed {seed}: " + "; ".join(
-                        f"{mark:g} at {hit[0]:.1f} s {hit[1]} steps" if (hit := r.reached(mark))
-                        else f"{mark:g} never" for mark in args.marks), flush=True)
+                        f"{mark:g}: {fmt_hit(r.reached(mark)).strip()}" for mark in args.marks), flush=True)
     print("\nmedians per task and method (wall and steps to the threshold over the seeds that reached it)")
     print(f"{'task':9} {'method':12} {'reached':>7} {'ends solved':>11} {'wall s':>7} {'steps':>8} "
           f"{'final':>7} {'steps/s':>8} {'busy':>5} {'replay':>6} {'reuse':>5}")
