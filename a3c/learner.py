@@ -235,11 +235,12 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
     return (advantages - advantages.mean()) / (std + 1e-8)
 
 
-# What one gradient step reports to the monitor: the losses, the policy lag (policy
-# versions between the actor's policy and the learner's), the learning rate, and whether
-# the batch came from the replay buffer rather than the queue.
+# What one gradient step reports to the monitor: the losses, the gradient's norm before
+# clipping, the policy lag (policy versions between the actor's policy and the learner's),
+# the learning rate, and whether the batch came from the replay buffer rather than the queue.
 STEP_DTYPE = np.dtype([("policy", "f4"), ("value", "f4"), ("entropy", "f4"), ("clip_fraction", "f4"),
-                       ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"), ("replayed", "?")])
+                       ("grad_norm", "f4"), ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"),
+                       ("replayed", "?")])
 
 
 def step_queue(capacity: int = 8192) -> ArrayQueue:
@@ -409,7 +410,7 @@ class Updater:
                 for p in self.local_params:
                     p.grad = None
                 loss.backward()
-                torch.nn.utils.clip_grad_norm_(self.local_params, cfg.learners.max_grad_norm)
+                grad_norm = torch.nn.utils.clip_grad_norm_(self.local_params, cfg.learners.max_grad_norm)
                 grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
                          for p, sp in zip(self.local_params, self.shared_params)]
                 self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
@@ -419,7 +420,7 @@ class Updater:
                         self.popart.update(targets, ok=None if self.publish is None else finite)
                 self._advance()
                 lag = (version - part.version).float()  # learner version minus the one that acted
-                rows.append(torch.stack([*loss_stats, lag.mean(), lag.max(), finite.float()]))
+                rows.append(torch.stack([*loss_stats, grad_norm, lag.mean(), lag.max(), finite.float()]))
         if rows:
             # The batch's one wait for the device. Once it returns, the batch's transfer
             # from its pinned buffer is done too, and the buffer may take the next batch.
@@ -450,7 +451,7 @@ class Updater:
         rows = rows[finite]
         self.counters.add("updates", len(rows))
         reports = self.reports[:len(rows)]
-        for i, name in enumerate(("policy", "value", "entropy", "clip_fraction", "lag_mean", "lag_max")):
+        for i, name in enumerate(("policy", "value", "entropy", "clip_fraction", "grad_norm", "lag_mean", "lag_max")):
             reports[name] = rows[:, i]
         reports["lr"], reports["replayed"] = self.optimizer.lr, not is_fresh
         if len(reports):

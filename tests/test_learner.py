@@ -527,6 +527,19 @@ def test_two_learner_threads_update_one_shared_model_and_optimizer(harnesses):
     assert all(step.lag_mean == step.lag_max for step in h.stats)
 
 
+def test_a_step_reports_the_gradient_norm_before_the_clip(harnesses):
+    """The same batch with the clip far below the gradient's norm and far above it: the
+    reported norm is the unclipped one both times, and the parameters moved by the clip's."""
+    reported = []
+    for max_norm in (1e-6, 1e6):
+        h = harnesses(config(max_grad_norm=max_norm), FixedModel())
+        h.put(4)
+        assert h.wait_for("updates", 1) == 1
+        reported.append(h.stats[0].grad_norm)
+    assert reported[0] == pytest.approx(reported[1], rel=1e-5)
+    assert reported[0] > 1e-3
+
+
 def test_policy_lag_is_the_learners_version_minus_the_version_that_acted_each_step(harnesses):
     """A batch acted by versions 4 to 10 reaches a learner at version 10; its second pass
     is one update later, so one version more behind."""
