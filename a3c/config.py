@@ -126,7 +126,8 @@ class OptimConfig:
                           choices=("constant", "linear"))
     eps: float = _f(1e-5, "optimizer epsilon", gt=0)
     alpha: float = _f(0.99, "RMSprop smoothing constant", ge=0, lt=1)
-    betas: list[float] = _f([0.9, 0.999], "Adam betas", ge=0, lt=1, length=2)
+    betas: list[float] = _f([0.9, 0.99], "Adam betas (beta2 0.99: the second moment keeps up with a "
+                            "solved policy's fading gradients)", ge=0, lt=1, length=2)
 
 
 @dataclass

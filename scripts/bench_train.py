@@ -156,7 +156,10 @@ ABLATIONS = {
 # reaching the policy through the shared torso; noise scaled up by advantage
 # normalization; a horizon too short to see the cart's slow drift; the policy's entropy
 # running out; and against the noise of the updates, a smaller advantage floor or
-# larger minibatches (2 per pass: twice CartPole's size, 4 times Acrobot's and Pendulum's).
+# larger minibatches (2 per pass: twice CartPole's size, 4 times Acrobot's and Pendulum's);
+# Adam's step on a gradient spike after a long calm, about 3 learning rates per parameter with
+# beta2 0.999 (beta1's 0.1 of the spike over the root of beta2's 0.001 of its square), 1 with 0.99,
+# and never more than 1 with equal betas (Dohare et al. 2023, "Overcoming policy collapse").
 # The ablation no-obs-norm serves too: observation statistics narrowing to a solved policy's states.
 STABILITY_VARIANTS = {
     "own-value-torso": {"model__shared_torso": False},
@@ -165,6 +168,9 @@ STABILITY_VARIANTS = {
     "ent-0.01": {"learners__ent_coef": 0.01},
     "adv-floor-0.03": {"learners__advantage_std_floor": 0.03},
     "minibatches-2": {"learners__minibatches": 2},
+    "adam-beta2-0.99": {"optim__betas": [0.9, 0.99]},  # the default since; and before it:
+    "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},
+    "adam-betas-equal": {"optim__betas": [0.99, 0.99]},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before

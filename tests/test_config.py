@@ -175,7 +175,7 @@ def test_config_table_has_one_row_per_leaf():
     assert lines[:2] == ["| key | value |", "|---|---|"]
     keys = [line.split(" | ")[0].removeprefix("| ") for line in lines[2:]]
     assert keys == list(field_help())
-    assert "| optim.betas | [0.9, 0.999] |" in lines and "| model.cnn | null |" in lines
+    assert "| optim.betas | [0.9, 0.99] |" in lines and "| model.cnn | null |" in lines
 
 
 def test_field_help_covers_every_leaf_with_one_line():
