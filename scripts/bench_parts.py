@@ -32,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from machine import machine  # scripts/machine.py
@@ -159,7 +159,7 @@ def main() -> None:
         if importlib.util.find_spec(task.requires) is None:
             print(f"{name}: skipped, {task.requires} is not installed")
             continue
-        tasks[name] = Task(task.config, args.steps, task.requires, task.before) if args.steps else task
+        tasks[name] = replace(task, steps=args.steps) if args.steps else task
     before = profile_before(args.before, tasks, args.alone_s) if args.before and tasks else {}
     rows = {}
     for name, task in tasks.items():
