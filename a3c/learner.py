@@ -241,6 +241,8 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
 STEP_DTYPE = np.dtype([("policy", "f4"), ("value", "f4"), ("entropy", "f4"), ("clip_fraction", "f4"),
                        ("grad_norm", "f4"), ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"),
                        ("replayed", "?")])
+# A step's row on the device: these fields in this order, then whether its loss was finite.
+_ROW_FIELDS = STEP_DTYPE.names[:STEP_DTYPE.names.index("lag_max") + 1]
 
 
 def step_queue(capacity: int = 8192) -> ArrayQueue:
@@ -451,7 +453,7 @@ class Updater:
         rows = rows[finite]
         self.counters.add("updates", len(rows))
         reports = self.reports[:len(rows)]
-        for i, name in enumerate(("policy", "value", "entropy", "clip_fraction", "grad_norm", "lag_mean", "lag_max")):
+        for i, name in enumerate(_ROW_FIELDS):
             reports[name] = rows[:, i]
         reports["lr"], reports["replayed"] = self.optimizer.lr, not is_fresh
         if len(reports):

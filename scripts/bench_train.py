@@ -168,8 +168,8 @@ STABILITY_VARIANTS = {
     "ent-0.01": {"learners__ent_coef": 0.01},
     "adv-floor-0.03": {"learners__advantage_std_floor": 0.03},
     "minibatches-2": {"learners__minibatches": 2},
-    "adam-beta2-0.99": {"optim__betas": [0.9, 0.99]},  # the default since; and before it:
-    "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},
+    "adam-beta2-0.99": {"optim__betas": [0.9, 0.99]},  # the default since these runs
+    "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},  # the default before them
     "adam-betas-equal": {"optim__betas": [0.99, 0.99]},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS}

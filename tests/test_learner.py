@@ -529,7 +529,7 @@ def test_two_learner_threads_update_one_shared_model_and_optimizer(harnesses):
 
 def test_a_step_reports_the_gradient_norm_before_the_clip(harnesses):
     """The same batch with the clip far below the gradient's norm and far above it: the
-    reported norm is the unclipped one both times, and the parameters moved by the clip's."""
+    reported norm is the unclipped one both times."""
     reported = []
     for max_norm in (1e-6, 1e6):
         h = harnesses(config(max_grad_norm=max_norm), FixedModel())
