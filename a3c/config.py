@@ -104,11 +104,6 @@ class LearnersConfig:
                           ge=1)
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
-    clip_to: str = _f(
-        "actor", "the policy PPO's ratio is taken against: the actor's, which made the data (actor), "
-                 "or the learner's when the batch arrived (learner: decoupled PPO, whose clip bounds "
-                 "each batch's own passes however stale the data; the data weighted by V-trace's "
-                 "clipped pi/mu)", choices=("actor", "learner"))
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     advantage_std_floor: float = _f(
         0.1, "with PopArt: normalize_advantages divides by the minibatch's std, but by no less "

@@ -48,9 +48,6 @@ class Batch(NamedTuple):
     version: torch.Tensor
     bootstrap_obs: Obs
     state: torch.Tensor | None = None  # [B, state_size]: a recurrent policy's state at obs[0]
-    # [T, B]: the learner's log-probs of the actions when the batch arrived, the policy
-    # PPO's ratio is taken against with learners.clip_to: learner (None: the actor's, logp).
-    prox_logp: torch.Tensor | None = None
 
 
 class LossStats(NamedTuple):
@@ -59,7 +56,7 @@ class LossStats(NamedTuple):
     policy: torch.Tensor
     value: torch.Tensor
     entropy: torch.Tensor
-    clip_fraction: torch.Tensor  # share of steps whose ratio PPO clips lies outside the clip range
+    clip_fraction: torch.Tensor  # share of steps whose ratio pi/mu lies outside the clip range
 
 
 class Loss(NamedTuple):
@@ -189,20 +186,9 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
         advantages = _normalized(returns.pg_advantages, normalize, floor)
         policy_loss = -(logp * advantages).mean()
         clip_fraction = torch.zeros((), device=policy_loss.device)
-    elif batch.prox_logp is None:
+    else:
         advantages = _normalized(returns.advantages, normalize, floor)
         ratio = torch.exp(logp - batch.logp)
-    else:
-        # Decoupled PPO (Hilton et al. 2021, "Batch size-invariance for policy
-        # optimization"): the clip bounds how far this batch's passes move the policy from
-        # the learner's policy at its arrival (prox), however stale the actor's policy mu;
-        # the weight prox/mu, clipped as V-trace clips it, corrects for the actor's data.
-        # Against mu, a queue's lag of tens of gradient steps put half the steps outside
-        # the clip range before the first pass, where they give no gradient.
-        weights = vtrace.clipped_ratio(batch.prox_logp - batch.logp, cfg.vtrace.clip_pg_rho_threshold)
-        advantages = _normalized(weights * returns.advantages, normalize, floor)
-        ratio = torch.exp(logp - batch.prox_logp)
-    if clip is not None:
         policy_loss = -torch.min(ratio * advantages,
                                  ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
         clip_fraction = ((ratio - 1).abs() > clip).float().mean()
@@ -411,10 +397,6 @@ class Updater:
         if is_fresh and self.obs_norm is not None:
             with self.lock:
                 self.obs_norm.update(batch.obs)
-        if cfg.learners.clip_coef is not None and cfg.learners.clip_to == "learner":
-            self.copy_weights()
-            with torch.no_grad():
-                batch = batch._replace(prox_logp=evaluate_batch(local, batch)[0])
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):

@@ -193,48 +193,6 @@ def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_p
     torch.testing.assert_close(model.logits.grad, expected.logits.grad)
 
 
-def test_decoupled_clip_is_taken_against_the_learners_policy_and_weights_the_stale_data():
-    """The data of test_clipped_objective... (mu 0.5 for each action), with the learner's
-    policy at the batch's arrival (prox) equal to the model's: pi/prox is 1, so nothing is
-    clipped and both actions carry a gradient, each advantage weighted by prox/mu clipped
-    at 1 (1.5 -> 1 for action 1, 0.5 for action 0)."""
-    g, V, r, boot = 0.9, 0.5, 1.0, 4.0
-    batch = hand_batch([[V], [V]], [[r], [r]], [[1], [0]], [boot, boot],
-                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
-    batch = batch._replace(prox_logp=torch.tensor([[LOGP[1], LOGP[0]]]))
-    cfg = config(gamma=g, clip_coef=0.2, clip_to="learner")
-    model = FixedModel()
-    loss, stats, _ = compute_loss(model, batch, cfg)
-    A = r + g * boot - V
-    weights = torch.tensor([1.0, 0.5])
-    assert stats.policy == pytest.approx(-(1.0 * A + 0.5 * A) / 2, rel=1e-5)
-    assert stats.clip_fraction == 0.0
-
-    loss.backward()
-    expected = FixedModel()
-    logp = torch.log_softmax(expected.logits, -1)[[1, 0]]
-    ratio = torch.exp(logp - batch.prox_logp[0])
-    (-(weights * ratio * A).mean() - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
-    torch.testing.assert_close(model.logits.grad, expected.logits.grad)
-
-
-def test_decoupled_clip_on_fresh_data_is_ppos_clip():
-    """When the learner's policy at arrival is the actor's (no lag), clip_to: learner
-    gives the same loss and gradient as clip_to: actor."""
-    batch = hand_batch([[0.5], [0.5]], [[1.0], [1.0]], [[1], [0]], [4.0, 4.0],
-                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
-    losses, grads = [], []
-    for clip_to, b in [("actor", batch), ("learner", batch._replace(prox_logp=batch.logp))]:
-        model = FixedModel()
-        model.logits.data += torch.tensor([0.3, -0.2])  # pi differs from mu: some clipping
-        loss = compute_loss(model, b, config(gamma=0.9, clip_coef=0.2, clip_to=clip_to)).total
-        loss.backward()
-        losses.append(loss.item())
-        grads.append(model.logits.grad)
-    assert losses[0] == pytest.approx(losses[1], rel=1e-6)
-    torch.testing.assert_close(grads[0], grads[1])
-
-
 def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
     g, V = 0.9, 0.5
     actions = [[1], [0], [1], [0]]
@@ -466,14 +424,14 @@ class LearnerHarness:
             except queue.Empty:
                 return np.concatenate([np.zeros(0, STEP_DTYPE), *self._reported]).view(np.recarray)
 
-    def put(self, n, mark=0.5, version=0, logp=LOGP[1]):
+    def put(self, n, mark=0.5, version=0):
         """n fragments whose observations are all `mark`, acted by policy `version` (an int,
-        or [n, T] per step) with log-prob `logp` for its action 1."""
+        or [n, T] per step)."""
         f = fragments(3, n)
         f["obs"][..., 0] = mark
         f["reward"] = 1.0
         f["action"] = 1
-        f["logp"] = logp
+        f["logp"] = LOGP[1]
         f["version"] = version
         self.fragments.put_many(f)
 
@@ -595,17 +553,6 @@ def test_policy_lag_is_the_learners_version_minus_the_version_that_acted_each_st
     assert (first.lag_max, first.lag_mean) == (lag.max(), lag.mean()) == (6, 2.0)
     assert (second.lag_max, second.lag_mean) == (lag.max() + 1, lag.mean() + 1)
     assert h.counters["policy_version"] == 12
-
-
-@pytest.mark.parametrize("clip_to, clipped", [("actor", 1.0), ("learner", 0.0)])
-def test_a_learner_clips_stale_data_against_the_actors_policy_or_its_own(harnesses, clip_to, clipped):
-    """Data acted with probability 0.5 for the action the model now gives 0.75: against the
-    actor's policy the first step's ratio is 1.5, past the clip; against the learner's
-    policy at the batch's arrival, 1."""
-    h = harnesses(config(batch_size=4, clip_coef=0.2, clip_to=clip_to), FixedModel())
-    h.put(4, logp=math.log(0.5))
-    assert h.wait_for("updates", 1) == 1
-    assert h.stats[0].clip_fraction == clipped
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
