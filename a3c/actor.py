@@ -110,7 +110,6 @@ class ActorLoop:
         f_trunc_value = out["trunc_value"]
         ep_return, ep_length = self._return, self._length
         recurrent, state, starts = self._recurrent, self._state, self._starts
-        squash = getattr(local, "squash_actions", False)
         if recurrent:  # the state obs[0] is read from, reset where it begins an episode
             state = state * (~starts).unsqueeze(-1)
             out["state"] = state.numpy()
@@ -127,7 +126,7 @@ class ActorLoop:
             f_version[:, t] = version
             before_step = time.perf_counter()
             obs, reward, terminated, truncated, info = envs.step(
-                env_action(action, envs.single_action_space, squash))
+                env_action(action, envs.single_action_space))
             env_s += time.perf_counter() - before_step
             obs = flat_obs(obs, space)
             f_reward[:, t] = reward

@@ -136,8 +136,7 @@ class A3C:
             state = None
         action = action.numpy()
         if getattr(self.model, "action_space", None) is not None:
-            squash = getattr(self.model, "squash_actions", False)
-            action = env_action(action, self.model.action_space, squash)
+            action = env_action(action, self.model.action_space)
         return (action[0] if single else action), state
 
     def save(self, path: str | os.PathLike) -> None:
@@ -181,7 +180,6 @@ def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
     step, e.g. to render a frame."""
     returns = []
     recurrent = getattr(model, "is_recurrent", False)
-    squash = getattr(model, "squash_actions", False)
     for episode in range(episodes):
         obs, _ = env.reset(seed=seed + episode)
         total, done = 0.0, False
@@ -196,7 +194,7 @@ def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
             else:
                 action, _, _ = model.act(batch, deterministic)
             action = action.numpy()[0]
-            obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space, squash))
+            obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
             total += float(reward)
             done = terminated or truncated
             if on_state is not None:

@@ -75,8 +75,6 @@ class ModelConfig:
     shared_torso: bool = _f(True, "the policy and value heads read one torso (false: the value head "
                             "gets a torso of its own, of the same shape)")
     log_std_init: float = _f(0.0, "Gaussian policies: the initial log-std of the actions (0: std 1)")
-    squash_actions: bool = _f(False, "Gaussian policies: actions are tanh of the samples, scaled to the "
-                              "Box's bounds (false: the samples clipped to the bounds)")
 
 
 @dataclass

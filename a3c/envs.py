@@ -232,15 +232,11 @@ def make_vector_env(cfg: EnvConfig, num_envs: int, env_factory: Callable | None 
     )
 
 
-def env_action(action: np.ndarray, space: gym.Space, squash: bool = False) -> np.ndarray:
+def env_action(action: np.ndarray, space: gym.Space) -> np.ndarray:
     """An action the environment accepts: Gaussian samples are unbounded, so clip them to
-    a Box space, or with `squash` map them into it through tanh (a model's
-    `squash_actions`); indices from 0 (the model's) are shifted to a Discrete or
-    MultiDiscrete space's `start`; other actions pass through."""
+    a Box space; indices from 0 (the model's) are shifted to a Discrete or MultiDiscrete
+    space's `start`; other actions pass through."""
     if isinstance(space, gym.spaces.Box):
-        if squash:
-            unit = (np.tanh(action) + 1.0) * 0.5  # in [0, 1]
-            return (space.low + unit * (space.high - space.low)).astype(space.dtype, copy=False)
         return np.clip(action, space.low, space.high)
     if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)) and np.any(space.start):
         return action + space.start

@@ -210,10 +210,9 @@ class ActorCritic(nn.Module):
             MLP: :class:`MultiInputTorso`).
         action_space: ``Discrete`` (categorical), ``MultiDiscrete`` (a categorical per
             component), ``MultiBinary`` (a Bernoulli per component) or a rank-1 ``Box``
-            (diagonal Gaussian; samples are unbounded: ``a3c.envs.env_action`` clips
-            them to the action bounds, or squashes them, before they step the
-            environment). Discrete actions are indices from 0; ``env_action`` adds the
-            space's ``start``.
+            (diagonal Gaussian; samples are unclipped, the caller clips them to the
+            action bounds before stepping the environment). Discrete actions are indices
+            from 0; ``a3c.envs.env_action`` adds the space's ``start``.
         hidden_sizes: widths of the MLP torso layers.
         activation: ``"tanh"`` or ``"relu"`` for the MLP torso.
         cnn: CNN torso for image observations; ``None`` picks it for rank-3 ``Box``
@@ -234,12 +233,6 @@ class ActorCritic(nn.Module):
             errors do not move the policy's features (PPO's choice for continuous
             control). With an LSTM core both torsos feed the core, which the heads share.
         log_std_init: the initial log-std of a Gaussian policy (0: std 1).
-        squash_actions: a Gaussian policy's samples become actions through tanh, scaled
-            to the Box's (finite) bounds, instead of being clipped to them: the mean
-            stays where its gradient acts, and a deterministic action is tanh of the
-            mean. The samples, log-probs and entropies are those of the Gaussian; the
-            ratio pi/mu of one sample needs no correction for the squash, which is the
-            same for both policies (``squash_actions`` tells ``env_action`` to apply it).
     """
 
     def __init__(
@@ -256,7 +249,6 @@ class ActorCritic(nn.Module):
         lstm: int = 0,
         shared_torso: bool = True,
         log_std_init: float = 0.0,
-        squash_actions: bool = False,
     ):
         super().__init__()
         check_action_space(action_space)
@@ -297,11 +289,6 @@ class ActorCritic(nn.Module):
             self._nvec = [int(n) for n in action_space.nvec]
         else:
             self._action_kind, n_params = "bernoulli", int(action_space.shape[0])
-        self.squash_actions = bool(squash_actions) and self.is_continuous
-        if self.squash_actions and not (np.isfinite(action_space.low).all()
-                                        and np.isfinite(action_space.high).all()):
-            raise ValueError(f"squash_actions needs an action Box with finite bounds, got {action_space}; "
-                             "set model.squash_actions: false to clip the actions instead")
         # The value head's own torso (shared_torso false): `features` returns both torsos'
         # outputs side by side, and `_heads` splits them, unless a core mixes them first.
         self.value_torso = None if shared_torso else make_torso()
@@ -549,9 +536,8 @@ def build_model(
     lstm: int = 0,
     shared_torso: bool = True,
     log_std_init: float = 0.0,
-    squash_actions: bool = False,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
                        normalize_obs, normalize_value, state_dependent_std, cnn_arch, lstm,
-                       shared_torso, log_std_init, squash_actions)
+                       shared_torso, log_std_init)

@@ -174,10 +174,8 @@ def test_runs_started_in_the_same_second_get_their_own_folders(tmp_path):
     assert len(folders) == 3 and all(folder.is_dir() for folder in folders)
 
 
-@pytest.mark.parametrize("squash", [False, True], ids=["clipped", "squashed"])
-def test_predict_keeps_continuous_actions_within_the_action_bounds(tmp_path, squash):
-    agent = A3C(str(ROOT / "configs" / "pendulum.yaml"), logging__run_root=str(tmp_path),
-                model__squash_actions=squash)
+def test_predict_keeps_continuous_actions_within_the_action_bounds(tmp_path):
+    agent = A3C(str(ROOT / "configs" / "pendulum.yaml"), logging__run_root=str(tmp_path))
     with torch.no_grad():
         agent.model.log_std.fill_(3.0)  # a wide policy: samples far outside [-2, 2]
     actions, _ = agent.predict(np.zeros((256, 3), np.float32), deterministic=False)

@@ -262,34 +262,3 @@ def test_log_std_init_is_the_gaussian_policys_starting_log_std(state_dependent_s
                         state_dependent_std=state_dependent_std, log_std_init=-1.5)
     std = model.dist(model(torch.zeros(2, 4))[0]).base_dist.scale
     torch.testing.assert_close(std, torch.full((2, 3), math.exp(-1.5)))
-
-
-def test_squashed_actions_stay_inside_the_bounds_and_the_greedy_one_is_tanh_of_the_mean():
-    from a3c.envs import env_action
-
-    obs_space, action_space = spaces.Box(-1, 1, (4,), np.float32), spaces.Box(
-        np.array([-2.0, 0.0], np.float32), np.array([2.0, 10.0], np.float32))
-    model = build_model(obs_space, action_space, log_std_init=1.5, squash_actions=True)
-    assert model.squash_actions
-    obs = batch(obs_space, 256)
-    samples, logp, _ = model.act(obs)
-    actions = env_action(samples.numpy(), action_space, squash=True)
-    assert actions.dtype == np.float32 and action_space.contains(actions[0])
-    assert (actions >= action_space.low).all() and (actions <= action_space.high).all()
-    # The samples are the Gaussian's, far outside [-1, 1] at std e^1.5: the squash, not
-    # a clip, brings them in (a clip would pile them on the bounds).
-    assert (samples.abs() > 1).float().mean() > 0.3
-    assert ((actions == action_space.low) | (actions == action_space.high)).mean() < 0.05
-    torch.testing.assert_close(logp, model.dist(model(obs)[0]).log_prob(samples))
-    greedy, _, _ = model.act(obs, deterministic=True)
-    mean = model(obs)[0].detach().numpy()
-    unit = (np.tanh(mean) + 1) / 2
-    np.testing.assert_allclose(env_action(greedy.numpy(), action_space, squash=True),
-                               action_space.low + unit * (action_space.high - action_space.low), rtol=1e-5)
-
-
-def test_squashed_actions_are_refused_for_an_unbounded_box_and_ignored_for_discrete_ones():
-    with pytest.raises(ValueError, match="finite bounds.*squash_actions: false"):
-        build_model(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-np.inf, np.inf, (2,), np.float32),
-                    squash_actions=True)
-    assert not build_model(*CARTPOLE, squash_actions=True).squash_actions
