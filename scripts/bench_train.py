@@ -25,6 +25,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks invaders --only a3c --marks 50 79  # when it passes SB3's finals
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
+    python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1 --seeds 1 2 3
 """
 from __future__ import annotations
 
@@ -172,12 +173,26 @@ STABILITY_VARIANTS = {
     "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},  # the default before them
     "adam-betas-equal": {"optim__betas": [0.99, 0.99]},
 }
-VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS}
+# What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`):
+# fewer passes, so that the learners keep up with the actors and the data stays fresh; the
+# same, or one pass, with a learner that finds no fresh batch training on replayed ones
+# instead of waiting (up to 1 or 3 replayed per fresh); and traces four times as long
+# (fragments of 64 steps; the batch, 8 of them, and the queue, 2 batches, hold as many
+# steps as before), so that fewer advantages end in a bootstrap a step or two away.
+MUJOCO_VARIANTS = {
+    "epochs-2": {"learners__epochs": 2},
+    "epochs-2-replay-1": {"learners__epochs": 2, "replay__ratio": 1.0},
+    "epochs-1-replay-3": {"learners__epochs": 1, "replay__ratio": 3.0},
+    "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
+}
+VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
 # the end of their budgets.
 STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
 
 
+# Learner charts whose mean over a run is reported beside its returns.
+CHARTS = {"policy_lag/mean": "policy_lag", "losses/clip_fraction": "clip_fraction"}
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
          "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
          "learner_queue_s": "learner: waiting in get_many"}
@@ -253,7 +268,10 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
         def scalar(self, tag, value, step):
             if tag == "charts/episodic_return":
                 result.episode(step, value)
+            elif tag in CHARTS:
+                charts.setdefault(tag, []).append(value)
 
+    charts: dict[str, list[float]] = {}
     result = Result(task.threshold)
     config = {"env": {"id": task.env_id}} if defaults or task.config is None else ROOT / task.config
     if task.family:
@@ -272,7 +290,8 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
     result.cores = {part: c[part] / result.wall for part in PARTS}
     result.extra = {"learner_busy": c["learner_update_s"] / result.wall,
                     "replay_ratio": c["replayed"] / fresh,
-                    "reuse": epochs * (fresh + c["replayed"]) / fresh}
+                    "reuse": epochs * (fresh + c["replayed"]) / fresh,
+                    **{name: float(np.mean(charts[tag])) for tag, name in CHARTS.items() if tag in charts}}
     return result
 
 
