@@ -26,11 +26,14 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
     python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1 --seeds 1 2 3
+    python scripts/bench_train.py --tasks walker --only ppo a3c --seeds 1 --minutes 10
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
+import signal
 import statistics
 import time
 from collections import deque
@@ -260,7 +263,31 @@ class Result:
         return self.below / self.after if self.after else float("nan")
 
 
-def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False) -> Result:
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Ends the block after `seconds` (None: no limit) as Ctrl-C ends a run: a
+    KeyboardInterrupt from SIGALRM in the main thread, caught here, so that the run's
+    results so far stand. A timer, not a thread: the actor processes fork from this one."""
+    if seconds is None:
+        yield
+        return
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False,
+            seconds: float | None = None) -> Result:
     from a3c import A3C
     from a3c.metrics import MemorySink
 
@@ -278,7 +305,8 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
         overrides = {"env__id": task.env_id, **overrides}
     agent = A3C(config, seed=seed, logging__progress=False, checkpoint__interval_s=0,
                 logging__run_root="/tmp/a3c-bench-runs", **overrides)
-    agent.learn(budget, sink=Episodes())
+    with time_limit(seconds):
+        agent.learn(budget, sink=Episodes())
     result.finish(agent.num_timesteps)
     if task.family:  # after the clock stopped
         from a3c.api import evaluate
@@ -304,7 +332,7 @@ def zoo_hyperparams(env_id: str) -> dict:
     return dict(yaml.safe_load(path.read_text())[env_id])
 
 
-def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo") -> Result:
+def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo", seconds: float | None = None) -> Result:
     """SB3 PPO: `ppo` with the task's hyperparameters; `ppo-cnn` the same with the
     MinAtar paper's CNN as its features extractor (scripts/minatar_cnn.py); `recurrent-ppo`
     sb3-contrib's RecurrentPPO."""
@@ -362,7 +390,8 @@ def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo") -> Result:
         options = normalize if isinstance(normalize, dict) else {}  # e.g. norm_reward: false
         env = VecNormalize(env, gamma=hp.get("gamma", 0.99), **options)
     model = PPO(policy, env, seed=seed, device="cpu", **{k: schedule(v) for k, v in hp.items()})
-    model.learn(budget, callback=Episodes())
+    with time_limit(seconds):
+        model.learn(budget, callback=Episodes())
     result.finish(model.num_timesteps)
     if task.family:  # deterministic episodes, observations normalized as in training
         from stable_baselines3.common.evaluation import evaluate_policy
@@ -400,6 +429,9 @@ def main() -> None:
                              "--budget-scale (10) times their budgets, 3 seeds each")
     parser.add_argument("--budget-scale", type=float,
                         help="train for this many times each task's budget (default: 1; 10 with --stability)")
+    parser.add_argument("--minutes", type=float,
+                        help="stop every run this many minutes after launch, short of its budget if need be "
+                             "(the MuJoCo tasks' wall-clock checkpoints; SB3 PPO takes an hour for Walker2d's 1 M steps)")
     parser.add_argument("--marks", type=float, nargs="+",
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
@@ -436,9 +468,10 @@ def main() -> None:
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
-                r = (run_ppo(task, seed, budget, method) if method in PPO_METHODS
+                seconds = 60 * args.minutes if args.minutes else None
+                r = (run_ppo(task, seed, budget, method, seconds) if method in PPO_METHODS
                      else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
-                                  defaults=method == DEFAULTS))
+                                  defaults=method == DEFAULTS, seconds=seconds))
                 table.setdefault((name, method), []).append(r)
                 extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
                 if task.family:
