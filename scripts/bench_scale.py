@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import signal
 import statistics
 import threading
 import time
@@ -53,7 +52,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
-from machine import machine  # noqa: E402  (scripts/machine.py)
+from machine import machine, time_limit  # noqa: E402  (scripts/machine.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE, THRESHOLD, WINDOW = ROOT / "configs" / "cartpole.yaml", 475.0, 100
@@ -155,22 +154,12 @@ def actor_run(task: str, num: int, device: str, seconds: float, warmup: float = 
     from a3c import A3C
     from a3c.metrics import MemorySink
 
-    def interrupt(*_):
-        raise KeyboardInterrupt
-
     sink = MemorySink()
     agent = A3C(LEARNER_CONFIGS[task], actors__num=num, learners__device=device, total_timesteps=10**10,
                 logging__progress=False, logging__interval_s=1.0, checkpoint__interval_s=0,
                 logging__run_root="/tmp/a3c-bench-runs")
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
+    with time_limit(seconds):
         agent.learn(sink=sink)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
 
     def median(tag: str) -> float:
         values = [v for _, v in sink.scalars.get(tag, [])[int(warmup):-1]]  # not the warm-up, not the last

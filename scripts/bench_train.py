@@ -31,9 +31,7 @@ mean after first reaching the threshold.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.util
-import signal
 import statistics
 import time
 from collections import deque
@@ -41,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from machine import machine  # scripts/machine.py
+from machine import machine, time_limit  # scripts/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 100
@@ -263,29 +261,6 @@ class Result:
         return self.below / self.after if self.after else float("nan")
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float | None):
-    """Ends the block after `seconds` (None: no limit) as Ctrl-C ends a run: a
-    KeyboardInterrupt from SIGALRM in the main thread, caught here, so that the run's
-    results so far stand. A timer, not a thread: the actor processes fork from this one."""
-    if seconds is None:
-        yield
-        return
-
-    def interrupt(*_):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGALRM, interrupt)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    except KeyboardInterrupt:
-        pass
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False,
             seconds: float | None = None) -> Result:
     from a3c import A3C
@@ -431,7 +406,7 @@ def main() -> None:
                         help="train for this many times each task's budget (default: 1; 10 with --stability)")
     parser.add_argument("--minutes", type=float,
                         help="stop every run this many minutes after launch, short of its budget if need be "
-                             "(the MuJoCo tasks' wall-clock checkpoints; SB3 PPO takes an hour for Walker2d's 1 M steps)")
+                             "(the MuJoCo tasks' wall-clock checkpoints; SB3 PPO takes half an hour for Walker2d's 1 M steps)")
     parser.add_argument("--marks", type=float, nargs="+",
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
@@ -457,6 +432,7 @@ def main() -> None:
             print("a3c-cuda: no CUDA device is visible, skipped")
             args.only.remove("a3c-cuda")
     stop = {"target_return": max(args.marks)} if args.marks else {}  # this trainer's runs
+    seconds = 60 * args.minutes if args.minutes else None
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "sb3-contrib", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
     for name in args.tasks:
@@ -468,7 +444,6 @@ def main() -> None:
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
-                seconds = 60 * args.minutes if args.minutes else None
                 r = (run_ppo(task, seed, budget, method, seconds) if method in PPO_METHODS
                      else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
                                   defaults=method == DEFAULTS, seconds=seconds))

@@ -1,9 +1,12 @@
-"""The machine a benchmark ran on, for the first lines of its output: CPU, cores, load,
-OS, Python and the versions of the packages it compares."""
+"""What the benchmarks share: the machine a benchmark ran on, for the first lines of its
+output (CPU, cores, load, OS, Python and the versions of the packages it compares), and
+`time_limit`, which stops a run after so many seconds."""
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
+import signal
 import shutil
 import subprocess
 from importlib import metadata
@@ -53,3 +56,26 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float | None):
+    """Ends the block after `seconds` (None: no limit) as Ctrl-C ends a run: a
+    KeyboardInterrupt from SIGALRM in the main thread, caught here, so that the run's
+    results so far stand. A timer, not a thread: the actor processes fork from this one."""
+    if seconds is None:
+        yield
+        return
+
+    def interrupt(*_):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
