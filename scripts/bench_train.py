@@ -179,12 +179,21 @@ STABILITY_VARIANTS = {
 # same, or one pass, with a learner that finds no fresh batch training on replayed ones
 # instead of waiting (up to 1 or 3 replayed per fresh); and traces four times as long
 # (fragments of 64 steps; the batch, 8 of them, and the queue, 2 batches, hold as many
-# steps as before), so that fewer advantages end in a bootstrap a step or two away.
+# steps as before), so that fewer advantages end in a bootstrap a step or two away; and
+# four passes in minibatches twice the size, so that each gradient step sees 128 env steps
+# and the learners take half as many steps per batch, keeping up with the actors; or eight
+# such passes: twice the reuse in as many steps per batch as the shipped config; or four,
+# with replayed batches filling the time a learner would wait for a fresh one; and
+# advantages always scaled to unit std (no floor), as SB3 PPO does.
 MUJOCO_VARIANTS = {
     "epochs-2": {"learners__epochs": 2},
     "epochs-2-replay-1": {"learners__epochs": 2, "replay__ratio": 1.0},
     "epochs-1-replay-3": {"learners__epochs": 1, "replay__ratio": 3.0},
     "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
+    "minibatches-4": {"learners__minibatches": 4},
+    "epochs-8-minibatches-4": {"learners__epochs": 8, "learners__minibatches": 4},
+    "minibatches-4-replay-1": {"learners__minibatches": 4, "replay__ratio": 1.0},
+    "adv-floor-0": {"learners__advantage_std_floor": 0.0},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
@@ -240,10 +249,10 @@ class Result:
         return next(((t, steps) for t, steps, mean in self.curve if mean >= value), None)
 
     def at(self, seconds: float) -> float:
-        """The last-100 mean `seconds` from launch (nan before the first 100 episodes, or
-        when the run had ended by then)."""
+        """The last-100 mean `seconds` from launch (nan before the first 100 episodes). A
+        run that had ended by then counts with its final mean: the policy a user has then."""
         if seconds > self.wall:
-            return float("nan")
+            return self.final
         return next((mean for t, _, mean in reversed(self.curve) if t <= seconds), float("nan"))
 
     @property
@@ -473,8 +482,9 @@ def main() -> None:
               f"{extra[0]:5.2f} {extra[1]:6.2f} {extra[2]:5.1f}")
     family = [(key, rows) for key, rows in table.items() if TASKS[key[0]].family]
     if family:
-        print("\nthe last-100 mean at each wall-clock checkpoint from launch, and the deterministic "
-              f"evaluation ({EVAL_EPISODES} episodes) at the end of the budget, medians over seeds")
+        print("\nthe last-100 mean at each wall-clock checkpoint from launch (a run that had ended: its "
+              f"final mean), and the deterministic evaluation ({EVAL_EPISODES} episodes) at the end of "
+              "the budget, medians over seeds")
         print(f"{'task':9} {'method':12} " + " ".join(f"{f'{m} min':>7}" for m in MINUTES) + f" {'eval':>7}")
         for (name, method), rows in family:
             print(f"{name:9} {method:12} " + " ".join(
