@@ -57,6 +57,7 @@ class LossStats(NamedTuple):
     value: torch.Tensor
     entropy: torch.Tensor
     clip_fraction: torch.Tensor  # share of steps whose ratio pi/mu lies outside the clip range
+    explained_variance: torch.Tensor  # 1 - Var(targets - values) / Var(targets): 1 is a perfect V
 
 
 class Loss(NamedTuple):
@@ -197,8 +198,17 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     value_loss = 0.5 * ((returns.vs - values) / (1.0 if scale is None else scale)).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.learners.vf_coef * value_loss - cfg.learners.ent_coef * entropy_mean
-    stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction)
+    stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
+                      _explained_variance(returns.vs, values.detach()))
     return Loss(loss, stats, returns.vs)
+
+
+def _explained_variance(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """1 - Var(targets - values) / Var(targets): the share of the targets' spread that the
+    values account for (1: exact; 0: no better than their mean; below 0: worse). The
+    targets' variance is floored at 1e-8, so that a minibatch of equal targets reads
+    1 when the values match them rather than not a number."""
+    return 1 - (targets - values).var(correction=0) / targets.var(correction=0).clamp(min=1e-8)
 
 
 def _value_scale(model: torch.nn.Module, floor: float) -> torch.Tensor | None:
@@ -235,10 +245,12 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
     return (advantages - advantages.mean()) / (std + 1e-8)
 
 
-# What one gradient step reports to the monitor: the losses, the gradient's norm before
-# clipping, the policy lag (policy versions between the actor's policy and the learner's),
-# the learning rate, and whether the batch came from the replay buffer rather than the queue.
+# What one gradient step reports to the monitor: the losses, the values' explained variance,
+# the gradient's norm before clipping, the policy lag (policy versions between the actor's
+# policy and the learner's), the learning rate, and whether the batch came from the replay
+# buffer rather than the queue.
 STEP_DTYPE = np.dtype([("policy", "f4"), ("value", "f4"), ("entropy", "f4"), ("clip_fraction", "f4"),
+                       ("explained_variance", "f4"),
                        ("grad_norm", "f4"), ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"),
                        ("replayed", "?")])
 # A step's row on the device: these fields in this order, then whether its loss was finite.

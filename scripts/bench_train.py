@@ -202,7 +202,8 @@ STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
 
 
 # Learner charts whose mean over a run is reported beside its returns.
-CHARTS = {"policy_lag/mean": "policy_lag", "losses/clip_fraction": "clip_fraction"}
+CHARTS = {"policy_lag/mean": "policy_lag", "losses/clip_fraction": "clip_fraction",
+          "losses/explained_variance": "explained_variance"}
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
          "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
          "learner_queue_s": "learner: waiting in get_many"}

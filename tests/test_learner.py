@@ -16,7 +16,7 @@ from torch.distributions import Categorical
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, replay_buffer,
-                         run_learner, step_queue)
+                         run_learner, step_queue, _explained_variance)
 from a3c.optim import SharedAdam, SharedRMSprop
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
@@ -191,6 +191,20 @@ def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_p
     ratio0 = torch.exp(torch.log_softmax(expected.logits, -1)[0] - math.log(0.5))
     (-(ratio0 * A) / 2 - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
     torch.testing.assert_close(model.logits.grad, expected.logits.grad)
+
+
+def test_explained_variance_is_one_for_an_exact_critic_zero_for_a_constant_one_negative_for_a_worse():
+    targets = torch.tensor([1.0, 3.0, -2.0, 6.0])
+    assert _explained_variance(targets, targets.clone()).item() == pytest.approx(1.0)
+    assert _explained_variance(targets, torch.full((4,), 7.0)).item() == pytest.approx(0.0, abs=1e-6)
+    assert _explained_variance(targets, -targets).item() == pytest.approx(1 - 4.0)  # Var(2y) / Var(y)
+    same = torch.full((4,), 100.0)  # a solved CartPole: every target alike, the critic exact
+    assert _explained_variance(same, same.clone()).item() == pytest.approx(1.0)
+    # In the loss: FixedModel's values are one constant, whatever the V-trace targets.
+    batch = hand_batch([[0.5], [0.5]], [[1.0], [1.0]], [[1], [0]], [4.0, 4.0],
+                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
+    stats = compute_loss(FixedModel(), batch, config(gamma=0.9, clip_coef=0.2)).stats
+    assert stats.explained_variance.item() == pytest.approx(0.0, abs=1e-6)
 
 
 def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
