@@ -174,25 +174,23 @@ STABILITY_VARIANTS = {
     "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},  # the default before them
     "adam-betas-equal": {"optim__betas": [0.99, 0.99]},
 }
-# What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`):
-# fewer passes, so that the learners keep up with the actors and the data stays fresh; the
-# same, or one pass, with a learner that finds no fresh batch training on replayed ones
-# instead of waiting (up to 1 or 3 replayed per fresh); and traces four times as long
-# (fragments of 64 steps; the batch, 8 of them, and the queue, 2 batches, hold as many
-# steps as before), so that fewer advantages end in a bootstrap a step or two away; and
-# four passes in minibatches twice the size, so that each gradient step sees 128 env steps
-# and the learners take half as many steps per batch, keeping up with the actors; or eight
-# such passes: twice the reuse in as many steps per batch as the shipped config; or four,
-# with replayed batches filling the time a learner would wait for a fresh one; and
-# advantages always scaled to unit std (no floor), as SB3 PPO does.
+# What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
+# "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
+# waiting, up to `ratio` replayed per fresh.
 MUJOCO_VARIANTS = {
+    # fewer passes, so that the learners keep up with the actors and the data stays fresh
     "epochs-2": {"learners__epochs": 2},
     "epochs-2-replay-1": {"learners__epochs": 2, "replay__ratio": 1.0},
     "epochs-1-replay-3": {"learners__epochs": 1, "replay__ratio": 3.0},
+    # traces four times as long, as many steps per batch and queue: fewer advantages end in
+    # a bootstrap a step or two away
     "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
+    # minibatches of 128 env steps: half the gradient steps per batch for the same passes
     "minibatches-4": {"learners__minibatches": 4},
+    # twice the reuse in as many gradient steps per batch as the shipped config
     "epochs-8-minibatches-4": {"learners__epochs": 8, "learners__minibatches": 4},
     "minibatches-4-replay-1": {"learners__minibatches": 4, "replay__ratio": 1.0},
+    # advantages always scaled to unit std (no floor), as SB3 PPO does
     "adv-floor-0": {"learners__advantage_std_floor": 0.0},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS}
