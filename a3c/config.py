@@ -122,6 +122,8 @@ class LearnersConfig:
 class OptimConfig:
     name: str = _f("adam", "optimizer", choices=("rmsprop", "adam"))
     lr: float = _f(1e-3, "learning rate", gt=0)
+    value_lr: float | None = _f(None, "learning rate of the value's own torso and head, the modules "
+                                "named value_* (null: lr); the schedule scales it as it does lr", gt=0)
     lr_schedule: str = _f("linear", "learning rate schedule (linear: to 0 at total_timesteps)",
                           choices=("constant", "linear"))
     eps: float = _f(1e-5, "optimizer epsilon", gt=0)

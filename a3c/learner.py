@@ -519,7 +519,7 @@ class DeviceCopy:
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                  device: torch.device | str | None = None):
         self.model = copy.deepcopy(shared).to(device or cfg.learners.device)
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
         self.optimizer.load_state_dict(optimizer.state_dict())
         self.publish = WeightCopy(shared, self.model)
 

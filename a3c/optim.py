@@ -18,10 +18,21 @@ __all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer"]
 
 
 class SharedOptimizer:
-    """Base: holds the parameters, the learning rate and named shared state tensors."""
+    """Base: holds the parameters, the learning rate and named shared state tensors.
+
+    `params` are tensors, or torch's parameter groups: dicts of "params" and "lr_scale",
+    a group's learning rate as a multiple of `lr` (which the schedule sets)."""
 
     def __init__(self, params, lr: float, eps: float):
-        self.params: list[torch.Tensor] = [p for p in params if p.requires_grad]
+        groups = list(params)
+        if groups and not isinstance(groups[0], dict):
+            groups = [{"params": groups}]
+        self.params: list[torch.Tensor] = []
+        self.lr_scales: list[float] = []  # per parameter: its group's multiple of lr
+        for group in groups:
+            kept = [p for p in group["params"] if p.requires_grad]
+            self.params += kept
+            self.lr_scales += [float(group.get("lr_scale", 1.0))] * len(kept)
         self.lr = lr
         self.eps = eps
         self.state: dict[str, list[torch.Tensor]] = {}
@@ -73,9 +84,10 @@ class SharedRMSprop(SharedOptimizer):
 
     def _step(self, grads: Sequence[torch.Tensor], ok: torch.Tensor | None) -> None:
         alpha = self.alpha if ok is None else torch.where(ok, self.alpha, 1.0)
-        for p, g, sq in zip(self.params, grads, self.state["square_avg"], strict=True):
+        for p, g, sq, scale in zip(self.params, grads, self.state["square_avg"], self.lr_scales,
+                                   strict=True):
             sq.mul_(alpha).addcmul_(g, g, value=1 - self.alpha)
-            p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr)  # g is 0 when skipped
+            p.addcdiv_(g, sq.sqrt().add_(self.eps), value=-self.lr * scale)  # g is 0 when skipped
 
 
 class SharedAdam(SharedOptimizer):
@@ -104,16 +116,29 @@ class SharedAdam(SharedOptimizer):
         v_correction = math.sqrt(1 - beta2**t)
         decay1, decay2 = (beta1, beta2) if ok is None else (torch.where(ok, beta1, 1.0),
                                                             torch.where(ok, beta2, 1.0))
-        for p, g, m, v in zip(self.params, grads, self.state["exp_avg"], self.state["exp_avg_sq"],
-                              strict=True):
+        for p, g, m, v, scale in zip(self.params, grads, self.state["exp_avg"], self.state["exp_avg_sq"],
+                                     self.lr_scales, strict=True):
             m.mul_(decay1).add_(g, alpha=1 - beta1)
             v.mul_(decay2).addcmul_(g, g, value=1 - beta2)
             p.addcdiv_(m if ok is None else torch.where(ok, m, 0.0),
-                       v.sqrt().div_(v_correction).add_(self.eps), value=-step_size)
+                       v.sqrt().div_(v_correction).add_(self.eps), value=-step_size * scale)
 
 
-def build_optimizer(params, cfg) -> SharedOptimizer:
-    """The optimizer named by an `OptimConfig`."""
+def build_optimizer(model: torch.nn.Module, cfg) -> SharedOptimizer:
+    """The optimizer named by an `OptimConfig`, over `model`'s parameters: those of the
+    value's own torso and head (the modules named value_*) at `cfg.value_lr`, the rest at
+    `cfg.lr`."""
+    value_scale = 1.0 if cfg.value_lr is None else cfg.value_lr / cfg.lr
+    # A group per parameter, in the model's order: the statistics keep the order a
+    # checkpoint stored them in.
+    named = list(model.named_parameters())
+    groups = [{"params": [p], "lr_scale": value_scale if name.startswith("value_") else 1.0}
+              for name, p in named]
+    found = any(name.startswith("value_") for name, _ in named)
+    if cfg.value_lr is not None and not found:
+        raise ValueError("optim.value_lr is set, but the model has no parameters under a module named "
+                         "value_* for it to apply to: name the value's modules so, or set "
+                         "optim.value_lr: null")
     if cfg.name == "adam":
-        return SharedAdam(params, cfg.lr, cfg.betas, cfg.eps)
-    return SharedRMSprop(params, cfg.lr, cfg.alpha, cfg.eps)
+        return SharedAdam(groups, cfg.lr, cfg.betas, cfg.eps)
+    return SharedRMSprop(groups, cfg.lr, cfg.alpha, cfg.eps)

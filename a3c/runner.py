@@ -108,7 +108,7 @@ class Trainer:
         check_env_factory(env_factory, cfg.actors.mode)
         self.model = model if model is not None else build_default_model(cfg, env_factory)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
-        self.optimizer = build_optimizer(self.model.parameters(), cfg.optim)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
         self.counters = Counters(COUNTERS, TIMERS)
         if state is not None:
             check_compatible(cfg, state)

@@ -83,7 +83,7 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
     torch.set_num_threads(1)
     model = build_default_model(cfg)  # for the config's environment, as a run builds it
     model.share_memory()
-    optimizer = build_optimizer(model.parameters(), cfg.optim)
+    optimizer = build_optimizer(model, cfg.optim)
     action_space = model.action_space
     dtype = fragment_dtype(model.observation_space, action_space, cfg.actors.unroll_length)
     ready = np.zeros(cfg.learners.batch_size, dtype)

@@ -107,7 +107,7 @@ class Run:
 
     def __init__(self, cfg, on_copy: bool):
         self.shared = tiny_model()
-        self.optimizer = build_optimizer(self.shared.parameters(), cfg.optim)  # as the trainer builds it
+        self.optimizer = build_optimizer(self.shared, cfg.optim)  # as the trainer builds it
         self.counters, self.steps = Counters(COUNTERS, TIMERS), step_queue()
         self.copy = DeviceCopy(cfg, self.shared, self.optimizer, device="cpu") if on_copy else None
         model, optimizer = (self.copy.model, self.copy.optimizer) if on_copy else (self.shared, self.optimizer)
@@ -183,7 +183,7 @@ def test_a_batch_on_cuda_waits_for_the_device_no_more_often_with_more_gradient_s
     in pinned memory, as a learner's do."""
     def waits(cfg):
         shared = tiny_model()
-        copy_ = DeviceCopy(cfg, shared, build_optimizer(shared.parameters(), cfg.optim))
+        copy_ = DeviceCopy(cfg, shared, build_optimizer(shared, cfg.optim))
         counters, steps = Counters(COUNTERS, TIMERS), step_queue()
         try:
             updater = Updater(cfg, copy_.model, copy_.optimizer, counters, steps, threading.Lock(),

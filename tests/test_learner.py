@@ -17,7 +17,7 @@ from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, replay_buffer,
                          run_learner, step_queue, _explained_variance)
-from a3c.optim import SharedAdam, SharedRMSprop
+from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
 
@@ -403,6 +403,47 @@ def test_optimizer_statistics_and_parameters_are_shared_with_a_child_process():
     assert (param < 0).all()
     assert adam.state["step"][0].item() == 2
     torch.testing.assert_close(adam.state["exp_avg"][0], 0.9 * 0.1 * G1 + 0.1 * G2)
+
+
+class TwoHeads(nn.Module):
+    """Policy and value modules named, and interleaved, as ActorCritic's are."""
+
+    def __init__(self):
+        super().__init__()
+        self.torso, self.value_torso = nn.Linear(2, 2), nn.Linear(2, 2)
+        self.policy_head, self.value_head = nn.Linear(2, 1), nn.Linear(2, 1)
+
+
+@pytest.mark.parametrize("name", ["adam", "rmsprop"])
+def test_value_lr_steps_the_value_torso_and_head_at_their_own_rate_and_the_rest_at_lr(name):
+    """Adam's first step moves each parameter by its learning rate (m / sqrt(v) is 1), and
+    RMSprop's by lr / sqrt(1 - alpha) for a gradient of ones: with optim.value_lr ten times
+    lr, the value's parameters move ten times as far as the policy's."""
+    model = TwoHeads()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    opt = build_optimizer(model, load_config({"optim": {"name": name, "lr": 1e-3, "value_lr": 1e-2}}).optim)
+    opt.step([torch.ones_like(p) for p in opt.params])
+    moved = {n: (before[n] - p.detach()).abs().mean().item() for n, p in model.named_parameters()}
+    for n, distance in moved.items():
+        assert distance > 0, n
+        ratio = distance / moved["torso.weight"]
+        assert ratio == pytest.approx(10.0 if n.startswith("value_") else 1.0, rel=1e-3), n
+
+
+def test_value_lr_left_out_steps_every_parameter_at_lr():
+    opt = build_optimizer(TwoHeads(), load_config({"optim": {"lr": 1e-3}}).optim)
+    assert opt.lr == 1e-3 and set(opt.lr_scales) == {1.0}
+
+
+def test_value_lr_keeps_the_models_parameter_order_so_saved_statistics_load_in_place():
+    model = TwoHeads()
+    opt = build_optimizer(model, load_config({"optim": {"value_lr": 1e-2}}).optim)
+    assert [id(p) for p in opt.params] == [id(p) for p in model.parameters()]
+
+
+def test_value_lr_for_a_model_without_value_modules_is_refused_with_the_fix():
+    with pytest.raises(ValueError, match="value_lr: null"):
+        build_optimizer(nn.Linear(2, 2), load_config({"optim": {"value_lr": 1e-2}}).optim)
 
 
 # --------------------------------------------------------------------------------- run_learner
