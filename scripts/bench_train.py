@@ -27,6 +27,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
     python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1 --seeds 1 2 3
     python scripts/bench_train.py --tasks walker --only ppo a3c --seeds 1 --minutes 10
+    python scripts/bench_train.py --tasks walker --only a3c --budget-scale 2.5 --minutes 10  # as long as SB3
 """
 from __future__ import annotations
 
@@ -192,6 +193,16 @@ MUJOCO_VARIANTS = {
     "minibatches-4-replay-1": {"learners__minibatches": 4, "replay__ratio": 1.0},
     # advantages always scaled to unit std (no floor), as SB3 PPO does
     "adv-floor-0": {"learners__advantage_std_floor": 0.0},
+    # SB3's recipe of many small steps: as far per batch in lr x steps as the zoo's Walker2d
+    # settings (10 passes of 16 minibatches of 32 env steps at 1e-4; the zoo: 20 x 16 at
+    # 5e-5), from a queue of one batch so that the slower learners meet data no staler
+    "small-steps": {"learners__epochs": 10, "learners__minibatches": 16, "optim__lr": 1e-4,
+                    "actors__queue_capacity": 32},
+    # the policy's steps a third as long, the critic's as before (optim.lr=3e-4 for both
+    # learned more slowly): fewer samples outside the clip, the critic as quick
+    "policy-lr-3e-4": {"optim__lr": 3e-4, "optim__value_lr": 1e-3},
+    # the critic's steps three times as long, the policy's as before
+    "value-lr-3e-3": {"optim__value_lr": 3e-3},
 }
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
