@@ -131,14 +131,12 @@ def build_optimizer(model: torch.nn.Module, cfg) -> SharedOptimizer:
     value_scale = 1.0 if cfg.value_lr is None else cfg.value_lr / cfg.lr
     # A group per parameter, in the model's order: the statistics keep the order a
     # checkpoint stored them in.
-    named = list(model.named_parameters())
-    groups = [{"params": [p], "lr_scale": value_scale if name.startswith("value_") else 1.0}
-              for name, p in named]
-    found = any(name.startswith("value_") for name, _ in named)
-    if cfg.value_lr is not None and not found:
+    params = [(p, name.startswith("value_")) for name, p in model.named_parameters()]
+    if cfg.value_lr is not None and not any(is_value for _, is_value in params):
         raise ValueError("optim.value_lr is set, but the model has no parameters under a module named "
                          "value_* for it to apply to: name the value's modules so, or set "
                          "optim.value_lr: null")
+    groups = [{"params": [p], "lr_scale": value_scale if is_value else 1.0} for p, is_value in params]
     if cfg.name == "adam":
         return SharedAdam(groups, cfg.lr, cfg.betas, cfg.eps)
     return SharedRMSprop(groups, cfg.lr, cfg.alpha, cfg.eps)
