@@ -97,6 +97,9 @@ class LearnersConfig:
     batch_size: int = _f(32, "fragments per update (B)", ge=1)
     gamma: float = _f(0.99, "discount factor", ge=0, le=1)
     ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)
+    bound_coef: float = _f(
+        0.0, "Gaussian policies on bounded actions: penalty on the squared distance of the mean "
+             "beyond the bounds, in half-widths of the range (0: none; needs a feedforward model)", ge=0)
     vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
     max_grad_norm: float = _f(0.5, "gradient norm clipping threshold", gt=0)
     epochs: int = _f(4, "passes over each fresh batch (more reuse per fragment)", ge=1)
@@ -467,6 +470,9 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
                         f"learners.batch_size ({cfg.learners.batch_size}); "
                         f"allowed: queue_capacity >= batch_size")
+    if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
+        problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
+                        f"model.lstm is {cfg.model.lstm}; set one of them to 0")
     _check_env(cfg.env, problems, bad)
     env_data = data.get("env")
     named_by = cfg.env.factory or cfg.env.entry_point

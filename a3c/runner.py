@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import gymnasium as gym
 import torch
 
 from replay import ArrayQueue, Counters
@@ -36,7 +37,8 @@ from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
 
-__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "load_state"]
+__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_bound_coef", "check_compatible",
+           "load_state"]
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
@@ -60,6 +62,16 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:
         env.close()
+
+
+def check_bound_coef(cfg: Config, model: torch.nn.Module) -> None:
+    """`learners.bound_coef` bounds a Gaussian policy's means: the model must have one,
+    and a Box action space whose bounds it reads (a3c.learner.mean_excess)."""
+    space = getattr(model, "action_space", None)
+    if cfg.learners.bound_coef and not (getattr(model, "is_continuous", False)
+                                        and isinstance(space, gym.spaces.Box)):
+        raise ConfigError([f"learners.bound_coef: {cfg.learners.bound_coef} bounds a Gaussian policy's "
+                           f"means, and this model's actions are {space}; set it to 0"])
 
 
 def check_compatible(cfg: Config, state: dict) -> None:
@@ -107,6 +119,7 @@ class Trainer:
         self.cfg, self.run_dir, self.env_factory = cfg, Path(run_dir), env_factory
         check_env_factory(env_factory, cfg.actors.mode)
         self.model = model if model is not None else build_default_model(cfg, env_factory)
+        check_bound_coef(cfg, self.model)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.counters = Counters(COUNTERS, TIMERS)

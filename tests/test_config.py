@@ -137,6 +137,19 @@ def test_atari_preprocessing_requires_frameskip_1_in_the_base_env():
     assert load_config({"env": {"id": "ALE/Pong-v5", "atari": True, "kwargs": {"frameskip": 1}}}).env.atari
 
 
+def test_bound_coef_with_a_recurrent_model_is_refused_with_the_fix():
+    (problem,) = problems({"learners": {"bound_coef": 0.1}, "model": {"lstm": 64}})
+    assert "learners.bound_coef" in problem and "model.lstm" in problem and "set one of them to 0" in problem
+
+
+def test_bound_coef_for_discrete_actions_is_refused_with_the_fix():
+    from a3c.runner import build_default_model, check_bound_coef
+
+    cfg = load_config({"learners": {"bound_coef": 0.1}})  # CartPole: Discrete(2)
+    with pytest.raises(ConfigError, match="learners.bound_coef.*Discrete.*set it to 0"):
+        check_bound_coef(cfg, build_default_model(cfg))
+
+
 def test_cuda_device_without_cuda_is_reported():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():

@@ -15,8 +15,10 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, replay_buffer,
+from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, mean_excess,
+                         replay_buffer,
                          run_learner, step_queue, _explained_variance)
+from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
@@ -222,6 +224,43 @@ def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
 
 
 # ------------------------------------------------------------------------ batch_from_fragments
+# A bounded range, a range 4 wide off zero, and an unbounded dimension.
+BOX = spaces.Box(np.array([-1.0, 0.0, -np.inf], np.float32), np.array([1.0, 4.0, np.inf], np.float32))
+
+
+def gaussian(mean, state_dependent_std=False):
+    """A Gaussian policy on BOX whose mean is `mean` in every state, with a gradient."""
+    model = build_model(OBS_SPACE, BOX, state_dependent_std=state_dependent_std)
+    with torch.no_grad():
+        model.policy_head.weight.zero_()
+        model.policy_head.bias[:3] = torch.tensor(mean)
+    return model
+
+
+def box_batch(T=2, B=3):
+    return batch_from_fragments(np.zeros(B, fragment_dtype(OBS_SPACE, BOX, T)))
+
+
+@pytest.mark.parametrize("state_dependent_std", [False, True])
+def test_mean_excess_is_zero_inside_the_bounds_and_the_squared_half_widths_beyond(state_dependent_std):
+    batch = box_batch()
+    inside = mean_excess(gaussian([0.9, 3.9, 100.0], state_dependent_std), batch)
+    torch.testing.assert_close(inside, torch.zeros(6))
+    # 1.5 is half a half-width past 1; -2 is one half-width (2) below 0; the third is unbounded.
+    beyond = mean_excess(gaussian([1.5, -2.0, -100.0], state_dependent_std), batch)
+    torch.testing.assert_close(beyond, torch.full((6,), 0.5 ** 2 + 1.0 ** 2))
+
+
+def test_bound_coef_adds_the_mean_excess_to_the_loss_and_pulls_the_mean_back_inside():
+    batch, model = box_batch(), gaussian([1.5, -2.0, 0.5])
+    plain = compute_loss(model, batch, load_config({}))
+    bounded = compute_loss(model, batch, load_config({"learners": {"bound_coef": 0.5}}))
+    torch.testing.assert_close(bounded.total - plain.total, torch.tensor(0.5 * 1.25))
+    (bounded.total - plain.total).backward()
+    grad = model.policy_head.bias.grad
+    assert grad[0] > 0 and grad[1] < 0 and grad[2] == 0  # a gradient step moves each mean inwards
+
+
 def test_batch_from_fragments_is_time_major_and_aligned_with_the_fragments():
     T, B = 5, 3
     obs_space = spaces.Box(-np.inf, np.inf, (2, 3), np.float32)
