@@ -25,7 +25,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks invaders --only a3c --marks 50 79  # when it passes SB3's finals
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
-    python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1 --seeds 1 2 3
+    python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1-bound-0.1 --seeds 1 2 3
     python scripts/bench_train.py --tasks walker --only ppo a3c --seeds 1 --minutes 10
     python scripts/bench_train.py --tasks walker --only a3c --budget-scale 2.5 --minutes 10  # as long as SB3
 """
@@ -182,6 +182,8 @@ MUJOCO_VARIANTS = {
     # fewer passes, so that the learners keep up with the actors and the data stays fresh
     "epochs-2": {"learners__epochs": 2},
     "epochs-2-replay-1": {"learners__epochs": 2, "replay__ratio": 1.0},
+    # the same, and the Gaussian's means held inside the action bounds by a penalty
+    "epochs-2-replay-1-bound-0.1": {"learners__epochs": 2, "replay__ratio": 1.0, "learners__bound_coef": 0.1},
     "epochs-1-replay-3": {"learners__epochs": 1, "replay__ratio": 3.0},
     # traces four times as long, as many steps per batch and queue: fewer advantages end in
     # a bootstrap a step or two away
