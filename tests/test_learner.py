@@ -16,8 +16,7 @@ from torch.distributions import Categorical
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, mean_excess,
-                         replay_buffer,
-                         run_learner, step_queue, _explained_variance)
+                         replay_buffer, run_learner, step_queue, _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
@@ -223,7 +222,6 @@ def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
         -np.mean(ratio * adv), rel=1e-5)
 
 
-# ------------------------------------------------------------------------ batch_from_fragments
 # A bounded range, a range 4 wide off zero, and an unbounded dimension.
 BOX = spaces.Box(np.array([-1.0, 0.0, -np.inf], np.float32), np.array([1.0, 4.0, np.inf], np.float32))
 
@@ -261,6 +259,7 @@ def test_bound_coef_adds_the_mean_excess_to_the_loss_and_pulls_the_mean_back_ins
     assert grad[0] > 0 and grad[1] < 0 and grad[2] == 0  # a gradient step moves each mean inwards
 
 
+# ------------------------------------------------------------------------ batch_from_fragments
 def test_batch_from_fragments_is_time_major_and_aligned_with_the_fragments():
     T, B = 5, 3
     obs_space = spaces.Box(-np.inf, np.inf, (2, 3), np.float32)
