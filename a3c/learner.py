@@ -17,6 +17,7 @@ import time
 import weakref
 from typing import Any, NamedTuple
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -130,12 +131,16 @@ def _columns(raw: torch.Tensor, dtype: np.dtype):
     return column
 
 
-def evaluate_batch(model: torch.nn.Module, batch: Batch
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = False
+                   ) -> tuple[torch.Tensor, ...]:
     """The current policy on a batch: log-probs, entropies and values [T, B] (with
     gradient), and the bootstrap values of last_obs [B] (without). A recurrent model
     unrolls each fragment from the state the actor acted from, resetting where an
-    episode ended inside it, and reads last_obs from the state after the last step."""
+    episode ended inside it, and reads last_obs from the state after the last step.
+
+    `with_params` (a feedforward model): the actions are scored by `model.dist` on the
+    same forward pass, whose policy parameters [T * B, P] are returned fifth (for
+    `mean_excess`), so that they cost no second pass."""
     T, B = batch.reward.shape
     if batch.state is not None:
         done = batch.terminated | batch.truncated
@@ -147,10 +152,16 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch
         return logp, entropy, values, bootstrap_value
     obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
     action = batch.action.reshape(T * B, *batch.action.shape[2:])
-    logp, entropy, values = (x.reshape(T, B) for x in model.evaluate(obs, action))
+    if with_params:
+        params, values = model(obs)
+        dist = model.dist(params)
+        scored = dist.log_prob(action.float()), dist.entropy(), values
+    else:
+        scored = model.evaluate(obs, action)
+    logp, entropy, values = (x.reshape(T, B) for x in scored)
     with torch.no_grad():
         _, bootstrap_value = model(batch.bootstrap_obs)
-    return logp, entropy, values, bootstrap_value
+    return (logp, entropy, values, bootstrap_value) + ((params,) if with_params else ())
 
 
 def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
@@ -159,7 +170,8 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
     policy mu, whose data may be a few updates old)."""
     T, B = batch.reward.shape
-    logp, entropy, values, bootstrap_value = evaluate_batch(model, batch)
+    bound = cfg.learners.bound_coef  # a feedforward Gaussian policy (checked when a run starts)
+    logp, entropy, values, bootstrap_value, *params = evaluate_batch(model, batch, with_params=bool(bound))
     done = batch.terminated | batch.truncated
 
     gamma = cfg.learners.gamma
@@ -198,33 +210,30 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     value_loss = 0.5 * ((returns.vs - values) / (1.0 if scale is None else scale)).pow(2).mean()
     entropy_mean = entropy.mean()
     loss = policy_loss + cfg.learners.vf_coef * value_loss - cfg.learners.ent_coef * entropy_mean
-    if cfg.learners.bound_coef:
-        loss = loss + cfg.learners.bound_coef * mean_excess(model, batch).mean()
+    if bound:
+        loss = loss + bound * mean_excess(params[0], model.action_space).mean()
     stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
                       _explained_variance(returns.vs, values.detach()))
     return Loss(loss, stats, returns.vs)
 
 
-def mean_excess(model: torch.nn.Module, batch: Batch) -> torch.Tensor:
-    """How far a Gaussian policy's means lie beyond its action bounds [T * B]: the squared
-    distance outside [low, high] in half-widths of the range, summed over the action's
-    dimensions (0 inside the bounds, and for a dimension with an infinite bound).
+def mean_excess(policy_params: torch.Tensor, space: gym.spaces.Box) -> torch.Tensor:
+    """How far a Gaussian policy's means lie beyond the bounds of `space` [N]: the
+    squared distance outside [low, high] in half-widths of the range, summed over the
+    action's dimensions (0 inside the bounds, and for a dimension with an infinite bound).
+    `policy_params` [N, P] are the model's: the means, then a state-dependent std's log-stds.
 
     The actors clip the samples to the bounds, so every sample past a bound acts alike:
     once a mean is past one, the advantages of its samples say nothing about where it
     should go, nothing pulls it back, and it drifts on while the samples it clips stop
-    exploring. On Hopper-v5 a third of the means' components were past a bound after
-    300 k steps. This is a second forward pass over the batch (the loss's `evaluate`
-    returns no means), paid only when `learners.bound_coef` is set."""
-    T, B = batch.reward.shape
-    params, _ = model(tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs))
-    space = model.action_space
-    low, high = (torch.as_tensor(bound, dtype=params.dtype, device=params.device)
+    exploring. On Hopper-v5 with two passes and replay, a third of the means' components
+    were past a bound after 300 k steps."""
+    low, high = (torch.as_tensor(bound, dtype=policy_params.dtype, device=policy_params.device)
                  for bound in (space.low, space.high))
     finite = torch.isfinite(low) & torch.isfinite(high)
     center = torch.where(finite, (low + high) / 2, 0.0)
     half = torch.where(finite, (high - low) / 2, 1.0)
-    mean = params[:, :low.numel()]  # a state-dependent std's log-stds follow the means
+    mean = policy_params[:, :low.numel()]
     excess = ((mean - center).abs() / half - 1).clamp(min=0) * finite
     return excess.pow(2).sum(-1)
 

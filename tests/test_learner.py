@@ -241,11 +241,14 @@ def box_batch(T=2, B=3):
 
 @pytest.mark.parametrize("state_dependent_std", [False, True])
 def test_mean_excess_is_zero_inside_the_bounds_and_the_squared_half_widths_beyond(state_dependent_std):
-    batch = box_batch()
-    inside = mean_excess(gaussian([0.9, 3.9, 100.0], state_dependent_std), batch)
+    def excess(mean):
+        params, _ = gaussian(mean, state_dependent_std)(torch.zeros(6, 1))
+        return mean_excess(params, BOX)
+
+    inside = excess([0.9, 3.9, 100.0])
     torch.testing.assert_close(inside, torch.zeros(6))
     # 1.5 is half a half-width past 1; -2 is one half-width (2) below 0; the third is unbounded.
-    beyond = mean_excess(gaussian([1.5, -2.0, -100.0], state_dependent_std), batch)
+    beyond = excess([1.5, -2.0, -100.0])
     torch.testing.assert_close(beyond, torch.full((6,), 0.5 ** 2 + 1.0 ** 2))
 
 
