@@ -138,9 +138,8 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = Fal
     unrolls each fragment from the state the actor acted from, resetting where an
     episode ended inside it, and reads last_obs from the state after the last step.
 
-    `with_params` (a feedforward model): the actions are scored by `model.dist` on the
-    same forward pass, whose policy parameters [T * B, P] are returned fifth (for
-    `mean_excess`), so that they cost no second pass."""
+    `with_params` (a feedforward model): the policy parameters [T * B, P] of the same
+    forward pass are returned fifth (for `mean_excess`), so that they cost no second pass."""
     T, B = batch.reward.shape
     if batch.state is not None:
         done = batch.terminated | batch.truncated
@@ -152,16 +151,12 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = Fal
         return logp, entropy, values, bootstrap_value
     obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
     action = batch.action.reshape(T * B, *batch.action.shape[2:])
-    if with_params:
-        params, values = model(obs)
-        dist = model.dist(params)
-        scored = dist.log_prob(action.float()), dist.entropy(), values
-    else:
-        scored = model.evaluate(obs, action)
-    logp, entropy, values = (x.reshape(T, B) for x in scored)
+    keyword = {"with_params": True} if with_params else {}  # a user's model need not take it unasked
+    logp, entropy, values, *params = model.evaluate(obs, action, **keyword)
+    logp, entropy, values = (x.reshape(T, B) for x in (logp, entropy, values))
     with torch.no_grad():
         _, bootstrap_value = model(batch.bootstrap_obs)
-    return (logp, entropy, values, bootstrap_value) + ((params,) if with_params else ())
+    return (logp, entropy, values, bootstrap_value, *params)
 
 
 def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:

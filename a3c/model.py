@@ -432,11 +432,12 @@ class ActorCritic(nn.Module):
         policy_params, value, state = self.step(obs, state, starts)
         return (*self._sample(policy_params, deterministic), value, state)
 
-    def evaluate(self, obs: Obs, actions: torch.Tensor
-                 ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(log-prob, entropy, value) of `actions`, with gradient."""
+    def evaluate(self, obs: Obs, actions: torch.Tensor, with_params: bool = False
+                 ) -> Tuple[torch.Tensor, ...]:
+        """(log-prob, entropy, value) of `actions`, with gradient; `with_params`: and the
+        policy parameters [N, P] of the same forward pass, fourth."""
         policy_params, value = self(obs)
-        return (*self._score(policy_params, actions), value)
+        return (*self._score(policy_params, actions), value) + ((policy_params,) if with_params else ())
 
     def evaluate_recurrent(self, obs: Obs, actions: torch.Tensor, state: torch.Tensor,
                            starts: torch.Tensor
