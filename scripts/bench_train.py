@@ -226,7 +226,15 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
     # the critic's steps three times as long, the policy's as before
     "value-lr-3e-3": {"optim__value_lr": 3e-3},
 }.items()}
-VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS}
+# On top of configs/mujoco.yaml as shipped (two passes, replay, the bound penalty): the
+# actions' initial std, which the zoo sets to e^-2 on Hopper, HalfCheetah and Walker2d
+# (`--tasks cheetah --only a3c log-std-init--1 ...`).
+FAMILY_VARIANTS = {
+    "log-std-init--1": {"model__log_std_init": -1.0},
+    "log-std-init--2": {"model__log_std_init": -2.0},
+}
+VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS,
+            **FAMILY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
 # the end of their budgets.
 STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
