@@ -108,7 +108,9 @@ TASKS["novel"] = Task("CartPoleNoVel", "configs/cartpole_novel.yaml", 450.0, (1,
 # Reported besides: the last-100 mean at 1, 3, 6 and 10 minutes from launch, and the mean
 # of 10 deterministic evaluation episodes at the end (the zoo's published PPO figures at
 # 1 M steps: Hopper 2410, Walker2d 3479). Hours per seed: run only when named.
-ZOO_MUJOCO = {"normalize": True, "n_envs": 1, "policy": "MlpPolicy", "batch_size": 32, "n_steps": 512}
+# Every zoo MuJoCo entry: one environment under VecNormalize, an MLP policy.
+ZOO_NORMALIZED = {"normalize": True, "n_envs": 1, "policy": "MlpPolicy"}
+ZOO_MUJOCO = {**ZOO_NORMALIZED, "batch_size": 32, "n_steps": 512}
 HOPPER_PPO = {**ZOO_MUJOCO, "gamma": 0.999, "learning_rate": 9.80828e-05, "ent_coef": 0.00229519,
               "clip_range": 0.2, "n_epochs": 5, "gae_lambda": 0.99, "max_grad_norm": 0.7,
               "vf_coef": 0.835671, "policy_kwargs": {"log_std_init": -2, "ortho_init": False,
@@ -120,7 +122,7 @@ WALKER_PPO = {**ZOO_MUJOCO, "gamma": 0.99, "learning_rate": 5.05041e-05, "ent_co
 # Ant: the zoo's Ant-v4 entry, SB3's PPO defaults under VecNormalize (its published PPO figure,
 # Ant-v3 at 1 M steps: 1327). Threshold 2000: staying up earns 1 per step, so 1000 would not
 # say the ant walks.
-ANT_PPO = {"normalize": True, "n_envs": 1, "policy": "MlpPolicy"}
+ANT_PPO = ZOO_NORMALIZED
 # HalfCheetah: the zoo's tuned HalfCheetah-v4 entry (published PPO figure, HalfCheetah-v3 at
 # 1 M steps: 5820). It never ends an episode early: threshold 3000, a cheetah that runs.
 CHEETAH_PPO = {**ZOO_MUJOCO, "batch_size": 64, "gamma": 0.98, "learning_rate": 2.0633e-05,
@@ -227,8 +229,8 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
     "value-lr-3e-3": {"optim__value_lr": 3e-3},
 }.items()}
 # On top of configs/mujoco.yaml as shipped (two passes, replay, the bound penalty): the
-# actions' initial std, which the zoo sets to e^-2 on Hopper and HalfCheetah (its Walker2d
-# and Ant entries keep SB3's 1) (`--tasks cheetah --only a3c log-std-init--1 ...`).
+# actions' initial std, which the zoo sets to e^-2 on Hopper and HalfCheetah and leaves at
+# SB3's 1 on Walker2d and Ant (`--tasks cheetah --only a3c log-std-init--1 ...`).
 FAMILY_VARIANTS = {
     "log-std-init--1": {"model__log_std_init": -1.0},
     "log-std-init--2": {"model__log_std_init": -2.0},
