@@ -239,13 +239,10 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
 }.items()}
 # On top of configs/mujoco.yaml as shipped (two passes, replay, the bound penalty): the
 # actions' initial std, which the zoo sets to e^-2 on Hopper and HalfCheetah and leaves at
-# SB3's 1 on Walker2d and Ant (`--tasks cheetah --only a3c log-std-init--1 ...`).
-FAMILY_VARIANTS = {
-    "log-std-init-0": {"model__log_std_init": 0.0},  # std 1: the config before std 0.61
-    "log-std-init--0.5": {"model__log_std_init": -0.5},  # std 0.61: the config's since these runs
-    "log-std-init--1": {"model__log_std_init": -1.0},
-    "log-std-init--2": {"model__log_std_init": -2.0},
-}
+# SB3's 1 on Walker2d and Ant (`--tasks cheetah --only a3c log-std-init--1 ...`). 0 (std 1)
+# reruns the config as it was before -0.5 (std 0.61) became its setting.
+FAMILY_VARIANTS = {f"log-std-init-{log_std:g}": {"model__log_std_init": log_std}
+                   for log_std in (0.0, -0.5, -1.0, -2.0)}
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS,
             **FAMILY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
