@@ -192,12 +192,21 @@ STABILITY_VARIANTS = {
     "minibatches-2": {"learners__minibatches": 2},
     "adam-beta2-0.99": {"optim__betas": [0.9, 0.99]},  # the default since these runs
     "adam-beta2-0.999": {"optim__betas": [0.9, 0.999]},  # the default before them
+    # further the way that helped: the first step on a spike at most 0.45 learning rates
+    "adam-beta2-0.95": {"optim__betas": [0.9, 0.95]},
     "adam-betas-equal": {"optim__betas": [0.99, 0.99]},
     # Adam's step is about one learning rate whatever the gradient's size, so a solved policy's
     # noise moves it as fast as learning did. Its gradients per parameter (a norm of 0.02 over
     # CartPole's 4 675 parameters: about 2.5e-4) fall below an eps of 1e-3, and its steps shrink
     # to a quarter; a learning policy's (a norm of 0.4: 6e-3) hardly do.
     "adam-eps-1e-3": {"optim__eps": 1e-3},
+    # Stale data, the last named suspect: a queue of one batch, so that the learner
+    # trains on fragments about half as many policy versions old (CartPole's lag: about 11).
+    "queue-32": {"actors__queue_capacity": 32},
+    # A tighter trust region: each sample moves the policy's probability of its action by
+    # at most 10 % from the acting policy's, so the rare actions of a near-certain policy,
+    # whose probabilities move fastest, stop sooner.
+    "clip-0.1": {"learners__clip_coef": 0.1},
 }
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
