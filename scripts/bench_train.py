@@ -21,6 +21,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks cartpole acrobot --only a3c a3c-threads
     python scripts/bench_train.py --tasks pendulum lunarlander --only a3c-defaults ppo
     python scripts/bench_train.py --stability               # about 2 hours on 2 cores
+    python scripts/bench_train.py --stability --tasks cartpole acrobot --only a3c ppo  # SB3 too: hours
     python scripts/bench_train.py --tasks breakout invaders --only a3c ppo ppo-cnn  # hours
     python scripts/bench_train.py --tasks invaders --only a3c --marks 50 79  # when it passes SB3's finals
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
