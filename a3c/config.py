@@ -107,11 +107,6 @@ class LearnersConfig:
                           ge=1)
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
-    clip_anchor: str = _f(
-        "behaviour", "the policy PPO's clip measures pi against: the one that acted (behaviour), "
-                     "or the learner's when the batch arrived (proximal: decoupled PPO, the loss "
-                     "weighted by proximal/behaviour, truncated at vtrace.clip_pg_rho_threshold)",
-        choices=("behaviour", "proximal"))
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     advantage_std_floor: float = _f(
         0.1, "with PopArt: normalize_advantages divides by the minibatch's std, but by no less "
@@ -478,10 +473,6 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
     if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
         problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
                         f"model.lstm is {cfg.model.lstm}; set one of them to 0")
-    if not ({"learners.clip_anchor", "learners.clip_coef"} & bad) \
-            and cfg.learners.clip_anchor == "proximal" and cfg.learners.clip_coef is None:
-        problems.append("learners.clip_anchor: proximal needs PPO's clip, and learners.clip_coef is null; "
-                        "set clip_coef (e.g. 0.2) or clip_anchor: behaviour")
     _check_env(cfg.env, problems, bad)
     env_data = data.get("env")
     named_by = cfg.env.factory or cfg.env.entry_point

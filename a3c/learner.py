@@ -49,7 +49,6 @@ class Batch(NamedTuple):
     version: torch.Tensor
     bootstrap_obs: Obs
     state: torch.Tensor | None = None  # [B, state_size]: a recurrent policy's state at obs[0]
-    prox_logp: torch.Tensor | None = None  # [T, B]: the learner's log-probs when the batch arrived
 
 
 class LossStats(NamedTuple):
@@ -58,7 +57,7 @@ class LossStats(NamedTuple):
     policy: torch.Tensor
     value: torch.Tensor
     entropy: torch.Tensor
-    clip_fraction: torch.Tensor  # share of steps whose clipped ratio lies outside the clip range
+    clip_fraction: torch.Tensor  # share of steps whose ratio pi/mu lies outside the clip range
     explained_variance: torch.Tensor  # 1 - Var(targets - values) / Var(targets): 1 is a perfect V
 
 
@@ -164,14 +163,7 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     """IMPALA's actor-critic loss with V-trace targets (Espeholt et al. 2018, eq. 1-2), or,
     with `learners.clip_coef`, PPO's clipped objective on V-trace advantages as in
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
-    policy mu, whose data may be many updates old).
-
-    With `batch.prox_logp` (`learners.clip_anchor: proximal`) the clip measures pi against
-    the proximal policy instead, the learner's when the batch arrived, and each step's loss
-    is weighted by proximal/mu, truncated at `vtrace.clip_pg_rho_threshold`: decoupled PPO
-    (Hilton et al. 2021, "Batch size-invariance for policy optimization", eq. 2). Against
-    mu, a sample whose policy has moved past the clip since it acted gives no gradient,
-    however little this batch's steps have moved it."""
+    policy mu, whose data may be a few updates old)."""
     T, B = batch.reward.shape
     bound = cfg.learners.bound_coef  # a feedforward Gaussian policy (checked when a run starts)
     logp, entropy, values, bootstrap_value, *params = evaluate_batch(model, batch, with_params=bool(bound))
@@ -204,14 +196,9 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
         clip_fraction = torch.zeros((), device=policy_loss.device)
     else:
         advantages = _normalized(returns.advantages, normalize, floor)
-        weight, anchor = 1.0, batch.logp
-        if batch.prox_logp is not None:
-            anchor, truncate = batch.prox_logp, cfg.vtrace.clip_pg_rho_threshold
-            weight = torch.exp(anchor - batch.logp)
-            weight = weight if truncate is None else weight.clamp(max=truncate)
-        ratio = torch.exp(logp - anchor)
-        policy_loss = -(weight * torch.min(ratio * advantages,
-                                           ratio.clamp(1 - clip, 1 + clip) * advantages)).mean()
+        ratio = torch.exp(logp - batch.logp)
+        policy_loss = -torch.min(ratio * advantages,
+                                 ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
         clip_fraction = ((ratio - 1).abs() > clip).float().mean()
     # With PopArt the value error is measured in units of the value scale, so that
     # returns of -500 weigh no more in the loss than returns of 1.
@@ -452,10 +439,6 @@ class Updater:
         if is_fresh and self.obs_norm is not None:
             with self.lock:
                 self.obs_norm.update(batch.obs)
-        if cfg.learners.clip_anchor == "proximal":
-            self.copy_weights()
-            with torch.no_grad():
-                batch = batch._replace(prox_logp=evaluate_batch(local, batch)[0])
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         for epoch in range(cfg.learners.epochs):
             for part in _minibatches(batch, cfg.learners.minibatches):

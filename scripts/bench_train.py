@@ -253,11 +253,6 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
 # 0 (std 1) reruns the config as it was before -0.5 became its setting.
 FAMILY_VARIANTS = {f"log-std-init-{log_std:g}": {"model__log_std_init": log_std}
                    for log_std in (0.0, -1.0, -2.0)}
-# PPO's clip measured from the learner's policy when the batch arrived instead of the acting
-# one (decoupled PPO): on Walker2d-v5 the acting policy is 80-110 versions behind, and 0.4 of
-# the samples lay outside the clip, giving no gradient, however little the batch's own steps
-# had moved them.
-FAMILY_VARIANTS["proximal-clip"] = {"learners__clip_anchor": "proximal"}
 # policy-lr-3e-4 on top of the config as shipped: the policy's steps a third as long, the
 # critic's as before, the one change that beat the four-pass config on every Walker2d-v5
 # seed it ran (it left Hopper-v5 standing still on one seed of three then).

@@ -142,12 +142,6 @@ def test_bound_coef_with_a_recurrent_model_is_refused_with_the_fix():
     assert "learners.bound_coef" in problem and "model.lstm" in problem and "set one of them to 0" in problem
 
 
-def test_proximal_clip_anchor_without_a_clip_is_refused_with_the_fix():
-    (problem,) = problems({"learners": {"clip_anchor": "proximal", "clip_coef": None}})
-    assert "learners.clip_anchor" in problem and "clip_coef is null" in problem
-    assert "set clip_coef (e.g. 0.2) or clip_anchor: behaviour" in problem
-
-
 def test_bound_coef_for_discrete_actions_is_refused_with_the_fix():
     from a3c.runner import build_default_model, check_bound_coef
 

@@ -194,42 +194,6 @@ def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_p
     torch.testing.assert_close(model.logits.grad, expected.logits.grad)
 
 
-@pytest.mark.parametrize("truncate", [1.0, None], ids=["truncated", "untruncated"])
-def test_proximal_clip_measures_pi_from_the_batch_start_and_weights_by_proximal_over_behaviour(truncate):
-    """The batch of the test above, with the proximal policy (the learner's when the
-    batch arrived) equal to the model's: pi/proximal is 1 for both actions, inside the
-    clip, so both terms carry a gradient, each weighted by proximal/mu: 0.75 / 0.5 = 1.5
-    for action 1 (truncated to 1 at clip_pg_rho_threshold 1) and 0.25 / 0.5 for action 0."""
-    g, V, r, boot = 0.9, 0.5, 1.0, 4.0
-    batch = hand_batch([[V], [V]], [[r], [r]], [[1], [0]], [boot, boot],
-                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
-    batch = batch._replace(prox_logp=torch.tensor([[LOGP[1], LOGP[0]]], dtype=torch.float32))
-    cfg = config(gamma=g, clip_coef=0.2, clip_anchor="proximal")
-    cfg.vtrace.clip_pg_rho_threshold = truncate
-    model = FixedModel()
-    loss, stats, _ = compute_loss(model, batch, cfg)
-    A = r + g * boot - V
-    weight = torch.tensor([1.5 if truncate is None else 1.0, 0.5])
-    assert stats.policy == pytest.approx(-(weight.sum().item() * A) / 2, rel=1e-5)
-    assert stats.clip_fraction == 0.0
-
-    loss.backward()
-    expected = FixedModel()
-    ratio = torch.exp(torch.log_softmax(expected.logits, -1)[[1, 0]] - batch.prox_logp[0])
-    (-(weight * ratio * A).mean() - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
-    torch.testing.assert_close(model.logits.grad, expected.logits.grad)
-
-
-def test_a_proximal_policy_equal_to_the_behaviour_policy_gives_the_behaviour_clips_loss():
-    batch = hand_batch([[0.5], [0.5]], [[1.0], [1.0]], [[1], [0]], [4.0, 4.0],
-                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
-    behaviour = compute_loss(FixedModel(), batch, config(clip_coef=0.2))
-    proximal = compute_loss(FixedModel(), batch._replace(prox_logp=batch.logp),
-                            config(clip_coef=0.2, clip_anchor="proximal"))
-    assert proximal.total.item() == pytest.approx(behaviour.total.item(), rel=1e-6)
-    assert proximal.stats.clip_fraction == behaviour.stats.clip_fraction == 1.0
-
-
 def test_explained_variance_is_one_for_an_exact_critic_zero_for_a_constant_one_negative_for_a_worse():
     targets = torch.tensor([1.0, 3.0, -2.0, 6.0])
     assert _explained_variance(targets, targets.clone()).item() == pytest.approx(1.0)
@@ -556,14 +520,14 @@ class LearnerHarness:
             except queue.Empty:
                 return np.concatenate([np.zeros(0, STEP_DTYPE), *self._reported]).view(np.recarray)
 
-    def put(self, n, mark=0.5, version=0, logp=LOGP[1]):
+    def put(self, n, mark=0.5, version=0):
         """n fragments whose observations are all `mark`, acted by policy `version` (an int,
-        or [n, T] per step) with log-probability `logp` (the model's, unless a test asks)."""
+        or [n, T] per step)."""
         f = fragments(3, n)
         f["obs"][..., 0] = mark
         f["reward"] = 1.0
         f["action"] = 1
-        f["logp"] = logp
+        f["logp"] = LOGP[1]
         f["version"] = version
         self.fragments.put_many(f)
 
@@ -685,18 +649,6 @@ def test_policy_lag_is_the_learners_version_minus_the_version_that_acted_each_st
     assert (first.lag_max, first.lag_mean) == (lag.max(), lag.mean()) == (6, 2.0)
     assert (second.lag_max, second.lag_mean) == (lag.max() + 1, lag.mean() + 1)
     assert h.counters["policy_version"] == 12
-
-
-@pytest.mark.parametrize("anchor, clipped", [("behaviour", 1.0), ("proximal", 0.0)])
-def test_a_learner_clips_a_stale_batch_from_the_acting_policy_or_from_its_own_at_arrival(
-        harnesses, anchor, clipped):
-    """Fragments acted with probability 0.5 for the model's 0.75: pi/mu is 1.5, past the
-    clip. With the proximal anchor the learner's first step measures pi against its own
-    policy when the batch arrived, which it has not moved yet: nothing is clipped."""
-    h = harnesses(config(batch_size=4, clip_coef=0.2, clip_anchor=anchor), FixedModel())
-    h.put(4, logp=math.log(0.5))
-    assert h.wait_for("updates", 1) == 1
-    assert h.stats[0].clip_fraction == clipped
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
