@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from machine import machine  # scripts/machine.py
+from machine import exit_on_sigterm, machine  # scripts/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
@@ -148,6 +148,7 @@ def main() -> None:
     parser.add_argument("--before", metavar="REV", help="also run each task on the code at git revision REV")
     parser.add_argument("--child", help=argparse.SUPPRESS)  # one profile as JSON, for --before
     args = parser.parse_args()
+    exit_on_sigterm()
     if args.child:
         spec = json.loads(args.child)
         print(json.dumps(profile(spec["config"], spec["steps"], args.alone_s)))

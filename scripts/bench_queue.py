@@ -75,7 +75,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from machine import load_average, machine  # noqa: E402  (scripts/machine.py)
+from machine import exit_on_sigterm, load_average, machine  # noqa: E402  (scripts/machine.py)
 
 from replay import ArrayQueue, Closed  # noqa: E402
 
@@ -749,6 +749,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="profile the per-item 64B 1P1C process cell and exit")
     args = parser.parse_args()
+    exit_on_sigterm()
     repeats = args.repeats or (1 if args.quick else 3)
     divisor = QUICK_DIVISOR if args.quick else 1
 

@@ -54,7 +54,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from machine import load_average, machine  # noqa: E402  (scripts/machine.py)
+from machine import exit_on_sigterm, load_average, machine  # noqa: E402  (scripts/machine.py)
 
 try:
     from replay import PrioritizedReplayBuffer, ReplayBuffer
@@ -610,6 +610,7 @@ def main() -> int:
     parser.add_argument("--profile", action="store_true",
                         help="per-call costs of replay's buffers, then exit")
     args = parser.parse_args()
+    exit_on_sigterm()
     repeats = args.repeats or (1 if args.quick else 5)
     seconds = args.seconds or (0.1 if args.quick else 0.5)
 

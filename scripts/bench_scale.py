@@ -52,7 +52,7 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 
 import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
-from machine import machine, time_limit  # noqa: E402  (scripts/machine.py)
+from machine import exit_on_sigterm, machine, time_limit  # noqa: E402  (scripts/machine.py)
 
 ROOT = Path(__file__).resolve().parents[1]
 CARTPOLE, THRESHOLD, WINDOW = ROOT / "configs" / "cartpole.yaml", 475.0, 100
@@ -419,6 +419,7 @@ def main() -> None:
     parser.add_argument("--actor-task", choices=list(LEARNER_CONFIGS), default="pong")
     parser.add_argument("--actor-seconds", type=float, default=30.0, help="length of each of those runs")
     args = parser.parse_args()
+    exit_on_sigterm()
 
     print(machine("numpy", "torch", "gymnasium", "ray"))
     if "learners" not in args.skip:  # before Ray starts: forking learner processes wants one thread

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from machine import machine, time_limit  # scripts/machine.py
+from machine import exit_on_sigterm, machine, time_limit  # scripts/machine.py
 
 ROOT = Path(__file__).resolve().parents[1]
 WINDOW = 100
@@ -486,6 +486,7 @@ def main() -> None:
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
     args = parser.parse_args()
+    exit_on_sigterm()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
                                 else [name for name, task in TASKS.items() if task.config and task.suite])
     args.only = args.only or (["a3c"] if args.stability else

@@ -1,6 +1,6 @@
 """What the benchmarks share: the machine a benchmark ran on, for the first lines of its
-output (CPU, cores, load, OS, Python and the versions of the packages it compares), and
-`time_limit`, which stops a run after so many seconds."""
+output (CPU, cores, load, OS, Python and the versions of the packages it compares),
+`time_limit`, which stops a run after so many seconds, and `exit_on_sigterm`."""
 from __future__ import annotations
 
 import contextlib
@@ -56,6 +56,17 @@ def load_average() -> str:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "unknown"
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM (`kill`, a job scheduler's stop) end the benchmark by an exception
+    instead of at once, so that the run in progress unwinds through its cleanup: worker
+    processes stopped, shared memory unlinked. SystemExit, not the KeyboardInterrupt of
+    Ctrl-C, which `time_limit` takes for the end of one run's time and goes on."""
+    def stop(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
 
 
 @contextlib.contextmanager
