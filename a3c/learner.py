@@ -59,6 +59,7 @@ class LossStats(NamedTuple):
     entropy: torch.Tensor
     clip_fraction: torch.Tensor  # share of steps whose ratio pi/mu lies outside the clip range
     explained_variance: torch.Tensor  # 1 - Var(targets - values) / Var(targets): 1 is a perfect V
+    approx_kl: torch.Tensor  # KL(mu || pi) estimated from the steps' log pi/mu (Schulman's k3)
 
 
 class Loss(NamedTuple):
@@ -208,7 +209,7 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     if bound:
         loss = loss + bound * mean_excess(params[0], model.action_space).mean()
     stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
-                      _explained_variance(returns.vs, values.detach()))
+                      _explained_variance(returns.vs, values.detach()), approx_kl(log_rhos))
     return Loss(loss, stats, returns.vs)
 
 
@@ -231,6 +232,13 @@ def mean_excess(policy_params: torch.Tensor, space: gym.spaces.Box) -> torch.Ten
     mean = policy_params[:, :low.numel()]
     excess = ((mean - center).abs() / half - 1).clamp(min=0) * finite
     return excess.pow(2).sum(-1)
+
+
+def approx_kl(log_rhos: torch.Tensor) -> torch.Tensor:
+    """KL(mu || pi), the acting policy's divergence from the learner's, estimated from the
+    log-ratios log pi/mu of actions mu sampled: the mean of (rho - 1) - log rho, which is
+    unbiased and never negative (Schulman 2020, "Approximating KL divergence", k3)."""
+    return (log_rhos.exp() - 1 - log_rhos).mean()
 
 
 def _explained_variance(targets: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
@@ -280,7 +288,7 @@ def _normalized(advantages: torch.Tensor, normalize: bool,
 # policy and the learner's), the learning rate, and whether the batch came from the replay
 # buffer rather than the queue.
 STEP_DTYPE = np.dtype([("policy", "f4"), ("value", "f4"), ("entropy", "f4"), ("clip_fraction", "f4"),
-                       ("explained_variance", "f4"),
+                       ("explained_variance", "f4"), ("approx_kl", "f4"),
                        ("grad_norm", "f4"), ("lag_mean", "f4"), ("lag_max", "i8"), ("lr", "f8"),
                        ("replayed", "?")])
 # A step's row on the device: these fields in this order, then whether its loss was finite.

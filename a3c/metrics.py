@@ -156,7 +156,8 @@ class Monitor(threading.Thread):
             scalar("replay/ratio", (counts["replayed"] - before["replayed"]) / gets, step)
         steps = self._learner_steps()  # STEP_DTYPE records (a3c.learner)
         if len(steps):
-            for name in ("policy", "value", "entropy", "clip_fraction", "explained_variance", "grad_norm"):
+            for name in ("policy", "value", "entropy", "clip_fraction", "explained_variance", "grad_norm",
+                         "approx_kl"):
                 scalar(f"losses/{name}", float(steps[name].mean()), step)
             scalar("policy_lag/mean", float(steps["lag_mean"].mean()), step)
             scalar("policy_lag/max", int(steps["lag_max"].max()), step)

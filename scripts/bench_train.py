@@ -268,7 +268,7 @@ STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
 
 # Learner charts whose mean over a run is reported beside its returns.
 CHARTS = {"policy_lag/mean": "policy_lag", "losses/clip_fraction": "clip_fraction",
-          "losses/explained_variance": "explained_variance"}
+          "losses/approx_kl": "approx_kl", "losses/explained_variance": "explained_variance"}
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
          "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
          "learner_queue_s": "learner: waiting in get_many"}
@@ -524,7 +524,7 @@ def main() -> None:
                      else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
                                   defaults=method == DEFAULTS, seconds=seconds))
                 table.setdefault((name, method), []).append(r)
-                extra = "".join(f", {k} {v:.2f}" for k, v in r.extra.items())
+                extra = "".join(f", {k} {v:.3g}" for k, v in r.extra.items())
                 if task.family:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
                              f"; deterministic eval {r.evaluation:.0f}"

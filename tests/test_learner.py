@@ -15,8 +15,8 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import (STEP_DTYPE, Batch, BatchSource, batch_from_fragments, compute_loss, mean_excess,
-                         replay_buffer, run_learner, step_queue, _explained_variance)
+from a3c.learner import (STEP_DTYPE, Batch, BatchSource, approx_kl, batch_from_fragments, compute_loss,
+                         mean_excess, replay_buffer, run_learner, step_queue, _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
@@ -206,6 +206,21 @@ def test_explained_variance_is_one_for_an_exact_critic_zero_for_a_constant_one_n
                        behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
     stats = compute_loss(FixedModel(), batch, config(gamma=0.9, clip_coef=0.2)).stats
     assert stats.explained_variance.item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_approx_kl_is_zero_for_the_acting_policy_and_estimates_kl_mu_pi_from_mus_samples():
+    torch.manual_seed(0)
+    mu, pi = torch.distributions.Normal(0.0, 1.0), torch.distributions.Normal(0.3, 0.8)
+    actions = mu.sample((200_000,))
+    log_rhos = pi.log_prob(actions) - mu.log_prob(actions)
+    exact = torch.distributions.kl_divergence(mu, pi).item()
+    assert approx_kl(log_rhos).item() == pytest.approx(exact, rel=0.02)
+    assert approx_kl(torch.zeros(5)).item() == 0.0
+    # In the loss, with pi/mu known: FixedModel's action 1 has probability 0.75, mu's 0.5.
+    batch = hand_batch([[0.5], [0.5]], [[1.0], [1.0]], [[1], [1]], [4.0, 4.0],
+                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
+    stats = compute_loss(FixedModel(), batch, config(gamma=0.9, clip_coef=0.2)).stats
+    assert stats.approx_kl.item() == pytest.approx(1.5 - 1 - math.log(1.5))
 
 
 def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
