@@ -75,6 +75,7 @@ class ModelConfig:
     shared_torso: bool = _f(True, "the policy and value heads read one torso (false: the value head "
                             "gets a torso of its own, of the same shape)")
     log_std_init: float = _f(0.0, "Gaussian policies: the initial log-std of the actions (0: std 1)")
+    layer_norm: bool = _f(False, "layer normalization before each activation of the MLP torsos")
 
 
 @dataclass

@@ -58,13 +58,17 @@ def _orthogonal(layer: nn.Module, gain: float) -> nn.Module:
     return layer
 
 
-def _mlp_torso(in_dim: int, hidden_sizes: Sequence[int], activation: str) -> Tuple[nn.Module, int]:
-    """Fully connected torso; returns the module and its output size."""
+def _mlp_torso(in_dim: int, hidden_sizes: Sequence[int], activation: str,
+               layer_norm: bool = False) -> Tuple[nn.Module, int]:
+    """Fully connected torso; returns the module and its output size. With `layer_norm`
+    each layer's pre-activations are normalized over its units (Ba et al. 2016) before
+    the activation."""
     if activation not in _ACTIVATIONS:
         raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     layers = []
     for size in hidden_sizes:
-        layers += [_orthogonal(nn.Linear(in_dim, size), math.sqrt(2)), _ACTIVATIONS[activation]()]
+        layers += [_orthogonal(nn.Linear(in_dim, size), math.sqrt(2)),
+                   *([nn.LayerNorm(size)] if layer_norm else []), _ACTIVATIONS[activation]()]
         in_dim = size
     return nn.Sequential(*layers), in_dim
 
@@ -153,7 +157,7 @@ class MultiInputTorso(nn.Module):
     concatenated, then the MLP."""
 
     def __init__(self, observation_space: gym.Space, cnn: Optional[bool], cnn_arch: str,
-                 hidden_sizes: Sequence[int], activation: str):
+                 hidden_sizes: Sequence[int], activation: str, layer_norm: bool = False):
         super().__init__()
         self.leaves = leaves(observation_space)
         self.images = [path for path, space in self.leaves if _is_image(space) and cnn is not False]
@@ -165,7 +169,7 @@ class MultiInputTorso(nn.Module):
             else:
                 dim = _vector_dim(space)
             width += dim
-        self.mlp, self.out_dim = _mlp_torso(width, hidden_sizes, activation)
+        self.mlp, self.out_dim = _mlp_torso(width, hidden_sizes, activation, layer_norm)
 
     def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
         parts = [self.cnns[_module_name(path)](_encode(obs[path], space, True))
@@ -233,6 +237,7 @@ class ActorCritic(nn.Module):
             errors do not move the policy's features (PPO's choice for continuous
             control). With an LSTM core both torsos feed the core, which the heads share.
         log_std_init: the initial log-std of a Gaussian policy (0: std 1).
+        layer_norm: layer normalization before each activation of the MLP torsos.
     """
 
     def __init__(
@@ -249,6 +254,7 @@ class ActorCritic(nn.Module):
         lstm: int = 0,
         shared_torso: bool = True,
         log_std_init: float = 0.0,
+        layer_norm: bool = False,
     ):
         super().__init__()
         check_action_space(action_space)
@@ -258,7 +264,7 @@ class ActorCritic(nn.Module):
         # make_torso() builds a fresh torso: the policy's, and the value's own if it has one.
         if self._composite:
             make_torso = functools.partial(MultiInputTorso, observation_space, cnn, cnn_arch, hidden_sizes,
-                                           activation)
+                                           activation, layer_norm)
             self.torso = make_torso()
             feature_dim, self.uses_cnn = self.torso.out_dim, bool(self.torso.images)
             vectors = {path: tuple(space.shape) for path, space in leaves(observation_space)
@@ -273,7 +279,7 @@ class ActorCritic(nn.Module):
             self.uses_cnn = image if cnn is None else bool(cnn)
             make_with_dim = functools.partial(_cnn_torso, _chw(observation_space.shape)[0], cnn_arch) \
                 if self.uses_cnn else functools.partial(_mlp_torso, _vector_dim(observation_space),
-                                                        hidden_sizes, activation)
+                                                        hidden_sizes, activation, layer_norm)
             self.torso, feature_dim = make_with_dim()
             make_torso = lambda: make_with_dim()[0]  # noqa: E731
             box = isinstance(observation_space, gym.spaces.Box)
@@ -537,8 +543,9 @@ def build_model(
     lstm: int = 0,
     shared_torso: bool = True,
     log_std_init: float = 0.0,
+    layer_norm: bool = False,
 ) -> ActorCritic:
     """Build the default actor-critic for the given spaces (see :class:`ActorCritic`)."""
     return ActorCritic(observation_space, action_space, hidden_sizes, activation, cnn,
                        normalize_obs, normalize_value, state_dependent_std, cnn_arch, lstm,
-                       shared_torso, log_std_init)
+                       shared_torso, log_std_init, layer_norm)

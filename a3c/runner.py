@@ -57,7 +57,7 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
         m = cfg.model
         return build_model(env.observation_space, env.action_space, m.hidden_sizes, m.activation, m.cnn,
                            m.normalize_obs, m.normalize_value, m.state_dependent_std, m.cnn_arch,
-                           m.lstm, m.shared_torso, m.log_std_init)
+                           m.lstm, m.shared_torso, m.log_std_init, m.layer_norm)
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:

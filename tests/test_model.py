@@ -262,3 +262,24 @@ def test_log_std_init_is_the_gaussian_policys_starting_log_std(state_dependent_s
                         state_dependent_std=state_dependent_std, log_std_init=-1.5)
     std = model.dist(model(torch.zeros(2, 4))[0]).base_dist.scale
     torch.testing.assert_close(std, torch.full((2, 3), math.exp(-1.5)))
+
+
+@pytest.mark.parametrize("obs_space", [PENDULUM[0], spaces.Dict({"x": PENDULUM[0], "k": spaces.Discrete(3)})],
+                         ids=["box", "dict"])
+def test_layer_norm_gives_every_hidden_layer_of_both_torsos_zero_mean_unit_variance_inputs(obs_space):
+    """Each activation of the policy's and the value's torso gets its layer's pre-activations
+    normalized over the layer's units, per sample (LayerNorm starts as the identity affine)."""
+    model = build_model(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu",
+                        shared_torso=False, layer_norm=True)
+    seen = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ReLU):
+            module.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
+    x = batch(PENDULUM[0]) * 100  # far from unit scale before the first layer
+    model(x if obs_space is PENDULUM[0] else {"x": x, "k": torch.tensor([0, 1, 2, 0, 1])})
+    assert [x.shape[-1] for x in seen] == [16, 8, 16, 8]  # policy torso, then value torso
+    for x in seen:
+        torch.testing.assert_close(x.mean(-1), torch.zeros(N), atol=1e-5, rtol=0)
+        torch.testing.assert_close(x.var(-1, unbiased=False), torch.ones(N), atol=1e-3, rtol=0)
+    plain = build_model(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu", shared_torso=False)
+    assert not any(isinstance(m, torch.nn.LayerNorm) for m in plain.modules())
