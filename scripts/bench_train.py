@@ -208,15 +208,19 @@ STABILITY_VARIANTS = {
     # at most 10 % from the acting policy's, so the rare actions of a near-certain policy,
     # whose probabilities move fastest, stop sooner.
     "clip-0.1": {"learners__clip_coef": 0.1},
+    # Layer normalization in the torso (it sped up MuJoCo locomotion): pre-activations kept
+    # at one scale however long the network trains.
+    "layer-norm": {"model__layer_norm": True},
 }
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
-# config as it was before two passes, replay, the bound penalty and an initial std of
-# 0.61 became its settings, so each starts from that config (FOUR_PASSES) to keep
-# docs/benchmarks.md's commands reproducing its figures.
+# config as it was before two passes, replay, the bound penalty, an initial std of 0.61
+# and layer normalization became its settings, so each starts from that config
+# (FOUR_PASSES) to keep docs/benchmarks.md's commands reproducing its figures.
+NO_LAYER_NORM = {"model__layer_norm": False}
 FOUR_PASSES = {"learners__epochs": 4, "replay__ratio": 0.0, "learners__bound_coef": 0.0,
-               "model__log_std_init": 0.0}
+               "model__log_std_init": 0.0, **NO_LAYER_NORM}
 # The policy's steps a third as long, the critic's as before.
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
@@ -249,16 +253,17 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
     # the critic's steps three times as long, the policy's as before
     "value-lr-3e-3": {"optim__value_lr": 3e-3},
 }.items()}
-# On top of configs/mujoco.yaml as shipped (two passes, replay, the bound penalty, std
-# 0.61): the actions' initial std, which the zoo sets to e^-2 on Hopper and HalfCheetah and
-# leaves at SB3's 1 on Walker2d and Ant (`--tasks cheetah --only a3c log-std-init--1 ...`).
-# 0 (std 1) reruns the config as it was before -0.5 became its setting.
-# And SLOW_POLICY on top of the config as shipped: the one change that beat the four-pass
-# config on every Walker2d-v5 seed it ran (it left Hopper-v5 standing still on one seed
-# of three then).
-FAMILY_VARIANTS = {**{f"log-std-init-{log_std:g}": {"model__log_std_init": log_std}
+# On top of configs/mujoco.yaml as it was before layer normalization (two passes, replay,
+# the bound penalty, std 0.61; `no-layer-norm`): the actions' initial std, which the zoo
+# sets to e^-2 on Hopper and HalfCheetah and leaves at SB3's 1 on Walker2d and Ant
+# (`--tasks cheetah --only a3c log-std-init--1 ...`). 0 (std 1) reruns the config as it
+# was before -0.5 became its setting. And SLOW_POLICY on the same config: the one change
+# that beat the four-pass config on every Walker2d-v5 seed it ran (it left Hopper-v5
+# standing still on one seed of three then).
+FAMILY_VARIANTS = {**{f"log-std-init-{log_std:g}": {"model__log_std_init": log_std, **NO_LAYER_NORM}
                       for log_std in (0.0, -1.0, -2.0)},
-                   "shipped-policy-lr-3e-4": SLOW_POLICY}
+                   "shipped-policy-lr-3e-4": {**SLOW_POLICY, **NO_LAYER_NORM},
+                   "no-layer-norm": NO_LAYER_NORM}
 VARIANTS = {**A3C_VARIANTS, **OPTIONAL, **ABLATIONS, **STABILITY_VARIANTS, **MUJOCO_VARIANTS,
             **FAMILY_VARIANTS}
 # --stability: whether a solved policy stays solved, on the tasks that solve well before
