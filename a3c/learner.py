@@ -235,9 +235,12 @@ def mean_excess(policy_params: torch.Tensor, space: gym.spaces.Box) -> torch.Ten
 
 
 def approx_kl(log_rhos: torch.Tensor) -> torch.Tensor:
-    """KL(mu || pi), the acting policy's divergence from the learner's, estimated from the
+    """KL(mu || pi) of the acting policy mu and the learner's pi, estimated from the
     log-ratios log pi/mu of actions mu sampled: the mean of (rho - 1) - log rho, which is
-    unbiased and never negative (Schulman 2020, "Approximating KL divergence", k3)."""
+    unbiased and never negative (Schulman 2020, "Approximating KL divergence", k3). A
+    ratio is taken at most e^20, so that one sample far off the acting policy leaves the
+    chart finite (exp overflows float32 past e^88)."""
+    log_rhos = log_rhos.clamp(max=20.0)
     return (log_rhos.exp() - 1 - log_rhos).mean()
 
 

@@ -209,7 +209,7 @@ STABILITY_VARIANTS = {
     # whose probabilities move fastest, stop sooner.
     "clip-0.1": {"learners__clip_coef": 0.1},
     # Layer normalization in the torso (it sped up MuJoCo locomotion): pre-activations kept
-    # at one scale however long the network trains.
+    # at one scale however long the network trains. It fell far deeper (66-75 on 2 seeds).
     "layer-norm": {"model__layer_norm": True},
 }
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).

@@ -216,6 +216,7 @@ def test_approx_kl_is_zero_for_the_acting_policy_and_estimates_kl_mu_pi_from_mus
     exact = torch.distributions.kl_divergence(mu, pi).item()
     assert approx_kl(log_rhos).item() == pytest.approx(exact, rel=0.02)
     assert approx_kl(torch.zeros(5)).item() == 0.0
+    assert math.isfinite(approx_kl(torch.tensor([100.0, 0.0])).item())  # e^100 overflows float32
     # In the loss, with pi/mu known: FixedModel's action 1 has probability 0.75, mu's 0.5.
     batch = hand_batch([[0.5], [0.5]], [[1.0], [1.0]], [[1], [1]], [4.0, 4.0],
                        behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
