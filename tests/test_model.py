@@ -277,7 +277,7 @@ def test_layer_norm_gives_every_hidden_layer_of_both_torsos_zero_mean_unit_varia
             module.register_forward_hook(lambda m, inputs, out: seen.append(inputs[0]))
     x = batch(PENDULUM[0]) * 100  # far from unit scale before the first layer
     model(x if obs_space is PENDULUM[0] else {"x": x, "k": torch.tensor([0, 1, 2, 0, 1])})
-    assert [x.shape[-1] for x in seen] == [16, 8, 16, 8]  # policy torso, then value torso
+    assert [h.shape[-1] for h in seen] == [16, 8, 16, 8]  # policy torso, then value torso
     for h in seen:
         torch.testing.assert_close(h.mean(-1), torch.zeros(N), atol=1e-5, rtol=0)
         torch.testing.assert_close(h.var(-1, unbiased=False), torch.ones(N), atol=1e-3, rtol=0)
