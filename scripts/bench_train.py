@@ -235,7 +235,7 @@ MUJOCO_VARIANTS = {name: {**FOUR_PASSES, **overrides} for name, overrides in {
     # traces four times as long, as many steps per batch and queue: fewer advantages end in
     # a bootstrap a step or two away
     "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
-    # the ablation's shorter traces and the classic tasks' Adam beta2, as they ran on Walker2d-v5
+    # the ablation's trace lambda of 0.95 and the classic tasks' Adam beta2, as they ran on Walker2d-v5
     "four-passes-lambda-0.95": ABLATIONS["lambda-0.95"],
     "four-passes-adam-beta2-0.99": STABILITY_VARIANTS["adam-beta2-0.99"],
     # minibatches of 128 env steps: half the gradient steps per batch for the same passes
