@@ -8,6 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
+from .signals import resend_if_lost
+
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
            "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray"}
@@ -96,6 +98,7 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     # SIGTERM stops a run the way Ctrl-C does: workers stop, a checkpoint is written.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    resend_if_lost(signal.SIGINT, lambda e: isinstance(e, KeyboardInterrupt))  # one raised in a fork hook
     try:
         from .checkpoint import CheckpointError
         from .config import ConfigError

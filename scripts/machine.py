@@ -12,6 +12,8 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from a3c.signals import resend_if_lost
+
 
 def machine(*packages: str) -> str:
     model = platform.processor() or platform.machine()
@@ -62,11 +64,13 @@ def exit_on_sigterm() -> None:
     """Make SIGTERM (`kill`, a job scheduler's stop) end the benchmark by an exception
     instead of at once, so that the run in progress unwinds through its cleanup: worker
     processes stopped, shared memory unlinked. SystemExit, not the KeyboardInterrupt of
-    Ctrl-C, which `time_limit` takes for the end of one run's time and goes on."""
+    Ctrl-C, which `time_limit` takes for the end of one run's time and goes on. A SIGTERM
+    whose exception Python drops (raised inside a hook of the actors' fork) is sent again."""
     def stop(signum, _frame):
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, stop)
+    resend_if_lost(signal.SIGTERM, lambda e: isinstance(e, SystemExit) and e.code == 128 + signal.SIGTERM)
 
 
 @contextlib.contextmanager

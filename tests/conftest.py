@@ -87,6 +87,17 @@ def own_process_group(args, **kwargs):
             proc.wait()
 
 
+def signalled_in_a_fork_hook(setup: str, signum: int, sleep_s: float = 60.0) -> subprocess.CompletedProcess:
+    """A Python child that runs `setup`, forks with a hook that sends it `signum` (where
+    logging's hooks run as a trainer forks its actors, a handler's exception is dropped),
+    then sleeps `sleep_s` and prints "went on"; the finished process."""
+    child = (f"import os, signal, sys, time\n{setup}\n"
+             f"os.register_at_fork(after_in_parent=lambda: os.kill(os.getpid(), {int(signum)}))\n"
+             "pid = os.fork()\nif pid == 0:\n    os._exit(0)\n"
+             f"os.waitpid(pid, 0)\ntime.sleep({sleep_s})\nprint('went on')\n")
+    return subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=sleep_s + 30)
+
+
 def running(pid) -> bool:
     """True while `pid` exists and is not a zombie (a zombie has exited; only its parent's
     wait is missing, which for an orphan is up to whoever adopted it)."""

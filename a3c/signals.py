@@ -1,0 +1,40 @@
+"""Stop signals that Python would otherwise lose.
+
+A signal's Python handler runs in the main thread wherever the interpreter next checks
+for one. When that is inside a function Python calls where an exception cannot
+propagate, such as a hook of os.fork (logging registers some, and they run each time
+the trainer forks an actor), the handler's exception is printed as ignored and the
+program goes on: a Ctrl-C or a SIGTERM landing there would not stop the run."""
+from __future__ import annotations
+
+import _thread
+import signal
+import sys
+import threading
+import time
+from typing import Callable
+
+__all__ = ["resend_if_lost"]
+
+
+def resend_if_lost(signum: int, raised_by_it: Callable[[BaseException], bool]) -> None:
+    """Send `signum` to the main thread again whenever an exception that `raised_by_it`
+    recognizes as its handler's is ignored (it reaches sys.unraisablehook). The signal
+    goes 10 ms later, from a thread, so that the hook has returned and the handler runs
+    where its exception propagates; sent from within the hook, the handler would run
+    inside it again. A signal rather than _thread.interrupt_main, so that it also wakes
+    the main thread from a blocking call."""
+    default_hook = sys.unraisablehook
+
+    def hook(unraisable) -> None:
+        if raised_by_it(unraisable.exc_value):
+            _thread.start_new_thread(_send_soon, (signum, threading.main_thread().ident))
+        else:
+            default_hook(unraisable)
+
+    sys.unraisablehook = hook
+
+
+def _send_soon(signum: int, thread_id: int) -> None:
+    time.sleep(0.01)
+    signal.pthread_kill(thread_id, signum)
