@@ -94,11 +94,17 @@ def _eval(args) -> None:
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 
 
+def stop_on_sigterm() -> None:
+    """SIGTERM stops a run the way Ctrl-C does: workers stop, a checkpoint is written. A
+    stop whose KeyboardInterrupt Python drops (raised inside a hook of an actor's fork) is
+    sent again, as SIGTERM: a run started in the background ignores SIGINT."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    resend_if_lost(signal.SIGTERM, lambda e: isinstance(e, KeyboardInterrupt))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
-    # SIGTERM stops a run the way Ctrl-C does: workers stop, a checkpoint is written.
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    resend_if_lost(signal.SIGINT, lambda e: isinstance(e, KeyboardInterrupt))  # one raised in a fork hook
+    stop_on_sigterm()
     try:
         from .checkpoint import CheckpointError
         from .config import ConfigError

@@ -19,18 +19,25 @@ __all__ = ["resend_if_lost"]
 
 def resend_if_lost(signum: int, raised_by_it: Callable[[BaseException], bool]) -> None:
     """Send `signum` to the main thread again whenever an exception that `raised_by_it`
-    recognizes as its handler's is ignored (it reaches sys.unraisablehook). The signal
-    goes 10 ms later, from a thread, so that the hook has returned and the handler runs
-    where its exception propagates; sent from within the hook, the handler would run
-    inside it again. A signal rather than _thread.interrupt_main, so that it also wakes
-    the main thread from a blocking call."""
+    recognizes as its handler's is ignored (it reaches sys.unraisablehook), except at
+    exit (an atexit callback, or the interpreter finalizing), where the program is ending
+    anyway and a second signal would skip the cleanup that remains.
+
+    The signal goes 10 ms later, from a thread: sent from within the hook, the handler
+    would run inside it again. Should it land in a hook once more, it is sent once more.
+    A signal rather than _thread.interrupt_main, so that it also wakes the main thread
+    from a blocking call."""
     default_hook = sys.unraisablehook
 
     def hook(unraisable) -> None:
-        if raised_by_it(unraisable.exc_value):
-            _thread.start_new_thread(_send_soon, (signum, threading.main_thread().ident))
-        else:
-            default_hook(unraisable)
+        at_exit = sys.is_finalizing() or "atexit" in (unraisable.err_msg or "")
+        if raised_by_it(unraisable.exc_value) and not at_exit:
+            try:
+                _thread.start_new_thread(_send_soon, (signum, threading.main_thread().ident))
+                return
+            except RuntimeError:  # no new threads this late
+                pass
+        default_hook(unraisable)
 
     sys.unraisablehook = hook
 

@@ -87,7 +87,7 @@ def own_process_group(args, **kwargs):
             proc.wait()
 
 
-def signalled_in_a_fork_hook(setup: str, signum: int, sleep_s: float = 60.0) -> subprocess.CompletedProcess:
+def signalled_in_a_fork_hook(setup: str, signum: int, sleep_s: float = 10.0) -> subprocess.CompletedProcess:
     """A Python child that runs `setup`, forks with a hook that sends it `signum` (where
     logging's hooks run as a trainer forks its actors, a handler's exception is dropped),
     then sleeps `sleep_s` and prints "went on"; the finished process."""
