@@ -34,4 +34,3 @@ def test_sigterm_during_a_run_leaves_no_process_or_shared_memory():
     assert "Traceback" not in output, output
     assert segments_of([proc.pid]) == []
     wait_until(lambda: not any(running(pid) for pid in workers), 5, "the workers to exit")
-
