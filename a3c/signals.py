@@ -4,7 +4,11 @@ A signal's Python handler runs in the main thread wherever the interpreter next 
 for one. When that is inside a function Python calls where an exception cannot
 propagate, such as a hook of os.fork (logging registers some, and they run each time
 the trainer forks an actor), the handler's exception is printed as ignored and the
-program goes on: a Ctrl-C or a SIGTERM landing there would not stop the run."""
+program goes on: a Ctrl-C or a SIGTERM landing there would not stop the run.
+
+Blocking the signals in the main thread around the fork would not keep the handler out
+of the hooks: the kernel then hands the signal to another thread (torch's own, say), and
+Python still runs the handler in the main thread, at its next check, hooks included."""
 from __future__ import annotations
 
 import _thread
