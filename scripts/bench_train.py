@@ -215,6 +215,20 @@ STABILITY_VARIANTS = {
     # and it falls while the rate is still high. It solved later on one seed of 2 and fell
     # deeper on the other (to -21.7).
     "lr-3e-4": {"optim__lr": 3e-4},
+    # LunarLander at a constant rate (the bar), with one change each; on seed 1 each fell to
+    # 7-126 (docs/benchmarks.md). The zoo's entropy bonus: a policy kept from near-certainty
+    # has no rare actions whose probabilities swing (at a constant rate the learner keeps
+    # 18 % of its samples outside the clip).
+    "constant-lr-ent-0.01": {**ABLATIONS["constant-lr"], "learners__ent_coef": 0.01},
+    # The zoo's discount: at 0.99 the +100 for coming to rest, hundreds of steps ahead of a
+    # lander that hovers, is worth little more than hovering.
+    "constant-lr-gamma-0.999": {**ABLATIONS["constant-lr"], "learners__gamma": 0.999},
+    # the noise of each step: four times the samples per gradient step (256 env steps on
+    # the defaults' batches of 512), a quarter as many steps per batch
+    "constant-lr-minibatches-2": {**ABLATIONS["constant-lr"], "learners__minibatches": 2},
+    # observation statistics narrowing to a solved lander's states, so that a rough
+    # descent's velocities map far out
+    "constant-lr-no-obs-norm": {**ABLATIONS["constant-lr"], **ABLATIONS["no-obs-norm"]},
 }
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
@@ -297,6 +311,8 @@ class Result:
     lowest_at: int = 0  # the env steps then
     after: int = 0  # episodes that ended after the first hit
     below: int = 0  # of those, the ones whose return was below the threshold
+    time_limit: int | None = None  # the task's episode step limit (None: none)
+    timed_out: int = 0  # of the ones below, those that ran to the time limit
     wall: float = 0.0
     steps: int = 0
     extra: dict = field(default_factory=dict)
@@ -304,11 +320,12 @@ class Result:
     evaluation: float = float("nan")  # mean return of deterministic episodes at the end (family tasks)
     cores: dict = field(default_factory=dict)  # cores busy per part of this trainer
 
-    def episode(self, step: int, ret: float) -> None:
+    def episode(self, step: int, ret: float, length: int | None = None) -> None:
         self.window.append(ret)
         if self.hit is not None:
             self.after += 1
             self.below += ret < self.threshold
+            self.timed_out += ret < self.threshold and length is not None and length == self.time_limit
         if len(self.window) < WINDOW:
             return
         mean, now = float(np.mean(self.window)), time.perf_counter() - self.start
@@ -347,6 +364,22 @@ class Result:
         threshold: steadier than the lowest mean, which one cluster of falls sets."""
         return self.below / self.after if self.after else float("nan")
 
+    @property
+    def timed_out_share(self) -> float:
+        """Of those episodes, the share that ran to the time limit rather than ending (on
+        LunarLander: a lander that hovers rather than one that crashes or lands badly)."""
+        return self.timed_out / self.below if self.below else float("nan")
+
+
+def episode_limit(env_id: str) -> int | None:
+    """The step limit of env_id's episodes, as registered (None: none, or not registered)."""
+    import gymnasium as gym
+
+    try:
+        return gym.spec(env_id).max_episode_steps
+    except gym.error.Error:  # registered by a config's imports (MinAtar, Atari)
+        return None
+
 
 def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False,
             seconds: float | None = None) -> Result:
@@ -355,13 +388,15 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
 
     class Episodes(MemorySink):
         def scalar(self, tag, value, step):
-            if tag == "charts/episodic_return":
-                result.episode(step, value)
+            if tag == "charts/episodic_return":  # its length comes next
+                self.ret = value
+            elif tag == "charts/episode_length":
+                result.episode(step, self.ret, int(value))
             elif tag in CHARTS:
                 charts.setdefault(tag, []).append(value)
 
     charts: dict[str, list[float]] = {}
-    result = Result(task.threshold)
+    result = Result(task.threshold, time_limit=episode_limit(task.env_id))
     config = {"env": {"id": task.env_id}} if defaults or task.config is None else ROOT / task.config
     if task.family:
         overrides = {"env__id": task.env_id, **overrides}
@@ -410,7 +445,7 @@ def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo", seconds: fl
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
                 if "episode" in info:  # Monitor's raw return, also under VecNormalize
-                    result.episode(self.num_timesteps, info["episode"]["r"])
+                    result.episode(self.num_timesteps, info["episode"]["r"], info["episode"]["l"])
             return True
 
     def schedule(value):
@@ -439,7 +474,7 @@ def run_ppo(task: Task, seed: int, budget: int, method: str = "ppo", seconds: fl
         hp["policy_kwargs"] = {"features_extractor_class": MinAtarCNN, "net_arch": []}
     if method == "recurrent-ppo":
         from sb3_contrib import RecurrentPPO as PPO  # noqa: N814
-    result = Result(task.threshold)
+    result = Result(task.threshold, time_limit=episode_limit(task.env_id))
     if task.ppo:  # the environment the config makes, with its imports and wrappers
         from a3c.config import load_config
         from a3c.envs import make_env
@@ -541,7 +576,8 @@ def main() -> None:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
                              f"; deterministic eval {r.evaluation:.0f}"
                 print(f"{method:12} seed {seed}: reached at {fmt_hit(r.hit)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}; "
-                      f"episodes below the threshold after {r.below_share:.2%}); "
+                      f"episodes below the threshold after {r.below_share:.2%}, "
+                      f"of them at the time limit {r.timed_out_share:.0%}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
                 if args.marks and method not in PPO_METHODS:
