@@ -215,21 +215,18 @@ STABILITY_VARIANTS = {
     # and it falls while the rate is still high. It solved later on one seed of 2 and fell
     # deeper on the other (to -21.7).
     "lr-3e-4": {"optim__lr": 3e-4},
-    # LunarLander at a constant rate (the bar), with one change each; on seed 1 each fell to
-    # 7-126 (docs/benchmarks.md). The zoo's entropy bonus: a policy kept from near-certainty
-    # has no rare actions whose probabilities swing (at a constant rate the learner keeps
-    # 18 % of its samples outside the clip).
-    "constant-lr-ent-0.01": {**ABLATIONS["constant-lr"], "learners__ent_coef": 0.01},
-    # The zoo's discount: at 0.99 the +100 for coming to rest, hundreds of steps ahead of a
-    # lander that hovers, is worth little more than hovering.
-    "constant-lr-gamma-0.999": {**ABLATIONS["constant-lr"], "learners__gamma": 0.999},
-    # the noise of each step: four times the samples per gradient step (256 env steps on
-    # the defaults' batches of 512), a quarter as many steps per batch
-    "constant-lr-minibatches-2": {**ABLATIONS["constant-lr"], "learners__minibatches": 2},
-    # observation statistics narrowing to a solved lander's states, so that a rough
-    # descent's velocities map far out
-    "constant-lr-no-obs-norm": {**ABLATIONS["constant-lr"], **ABLATIONS["no-obs-norm"]},
 }
+# LunarLander at a constant rate (the bar), with one of the changes above each; on seed 1
+# each fell to 7-126 (docs/benchmarks.md). ent-0.01, the zoo's: a policy kept from
+# near-certainty has no rare actions whose probabilities swing (at a constant rate the
+# learner keeps 18 % of its samples outside the clip). gamma-0.999, the zoo's: at 0.99 the
+# +100 for coming to rest, hundreds of steps ahead of a lander that hovers, is worth little
+# more than hovering. minibatches-2: four times the samples per gradient step (256 env
+# steps of the defaults' batches of 512). no-obs-norm: observation statistics narrowing to
+# a solved lander's states, so that a rough descent's velocities map far out.
+STABILITY_VARIANTS |= {f"constant-lr-{name}": {**ABLATIONS["constant-lr"],
+                                               **{**ABLATIONS, **STABILITY_VARIANTS}[name]}
+                       for name in ("ent-0.01", "gamma-0.999", "minibatches-2", "no-obs-norm")}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
