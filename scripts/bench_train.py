@@ -226,7 +226,14 @@ STABILITY_VARIANTS = {
 # a solved lander's states, so that a rough descent's velocities map far out.
 STABILITY_VARIANTS |= {f"constant-lr-{name}": {**ABLATIONS["constant-lr"],
                                                **{**ABLATIONS, **STABILITY_VARIANTS}[name]}
-                       for name in ("ent-0.01", "gamma-0.999", "minibatches-2", "no-obs-norm")}
+                       for name in ("ent-0.01", "gamma-0.999", "minibatches-2", "no-obs-norm", "own-value-torso",
+                                    "no-adv-norm")}
+# Actors acting with a running average of the learner's weights (each fragment moves the
+# actor's copy a tenth of the way to the shared weights): the noise of constant-rate steps
+# averaged out of the policy that acts, as iterate averaging does for SGD (Polyak and
+# Juditsky 1992; Nikishin et al. 2018 for RL); the clip then holds the learner near the average.
+STABILITY_VARIANTS |= {"constant-lr-weight-average-0.9": {**ABLATIONS["constant-lr"],
+                                                          "actors__weight_average": 0.9}}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
