@@ -173,7 +173,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
 def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
          counters: Counters, cfg: Config, seed: int) -> None:
     local = clone_policy(shared)
-    copy_weights = WeightCopy(local, shared, cfg.actors.weight_average)
+    copy_weights = WeightCopy(local, shared)
     loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
     buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment
     while True:

@@ -88,11 +88,6 @@ class ActorsConfig:
     queue_capacity: int = _f(64, "fragments the queue holds (>= learners.batch_size); small keeps data fresh",
                             ge=1)
     max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
-    weight_average: float = _f(
-        0.0, "act with a running average of the shared weights: before each fragment the actor's "
-             "weights keep this fraction of themselves and take the rest from the shared ones "
-             "(0: act with a copy)",
-        ge=0, lt=1)
 
 
 @dataclass

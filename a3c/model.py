@@ -516,30 +516,17 @@ def _bernoulli_log_prob(logits: torch.Tensor, actions: torch.Tensor) -> torch.Te
 class WeightCopy:
     """Copies the parameters and buffers of `src` into `dst` (same architecture) in place
     when called: much cheaper than a state_dict round trip. The tensors are listed once,
-    as the copy runs once per fragment in actors and once per gradient step in learners.
+    as the copy runs once per fragment in actors and once per gradient step in learners."""
 
-    With `keep` > 0 the parameters are averaged rather than copied: each call moves `dst`'s
-    a fraction 1 - keep of the way to `src`'s (an exponential moving average over the
-    calls), while the buffers (running statistics) are still copied."""
-
-    def __init__(self, dst: nn.Module, src: nn.Module, keep: float = 0.0):
-        if not 0.0 <= keep < 1.0:
-            raise ValueError(f"WeightCopy: keep must be in [0, 1), got {keep}")
-        self.keep = keep
-        self.dst_params, self.src_params = [*dst.parameters()], [*src.parameters()]
-        self.dst_buffers, self.src_buffers = [*dst.buffers()], [*src.buffers()]
-        if ([t.shape for t in (*self.dst_params, *self.dst_buffers)]
-                != [t.shape for t in (*self.src_params, *self.src_buffers)]):
+    def __init__(self, dst: nn.Module, src: nn.Module):
+        self.dst = [*dst.parameters(), *dst.buffers()]
+        self.src = [*src.parameters(), *src.buffers()]
+        if [t.shape for t in self.dst] != [t.shape for t in self.src]:
             raise ValueError("WeightCopy: the two models have different architectures")
 
     @torch.no_grad()
     def __call__(self) -> None:
-        for mine, theirs in zip(self.dst_buffers, self.src_buffers):
-            mine.copy_(theirs)
-        if self.keep:
-            torch._foreach_lerp_(self.dst_params, self.src_params, 1.0 - self.keep)
-            return
-        for mine, theirs in zip(self.dst_params, self.src_params):
+        for mine, theirs in zip(self.dst, self.src):
             mine.copy_(theirs)
 
 
