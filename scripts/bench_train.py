@@ -216,8 +216,8 @@ STABILITY_VARIANTS = {
     # deeper on the other (to -21.7).
     "lr-3e-4": {"optim__lr": 3e-4},
 }
-# LunarLander at a constant rate (the bar), with one of the changes above each; on seed 1
-# each fell (docs/benchmarks.md) but own-value-torso. ent-0.01, the zoo's: a policy kept from
+# LunarLander at a constant rate (the bar), with one of the changes above each; each fell
+# below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01, the zoo's: a policy kept from
 # near-certainty has no rare actions whose probabilities swing (at a constant rate the
 # learner keeps 18 % of its samples outside the clip). gamma-0.999, the zoo's: at 0.99 the
 # +100 for coming to rest, hundreds of steps ahead of a lander that hovers, is worth little
@@ -326,7 +326,7 @@ class Result:
         if self.hit is not None:
             self.after += 1
             self.below += ret < self.threshold
-            self.timed_out += ret < self.threshold and length is not None and length == self.time_limit
+            self.timed_out += ret < self.threshold and self.time_limit is not None and length == self.time_limit
         if len(self.window) < WINDOW:
             return
         mean, now = float(np.mean(self.window)), time.perf_counter() - self.start
