@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import math
 import statistics
 import time
 from collections import deque
@@ -239,7 +240,8 @@ SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 def _constant_rate(*names: str) -> dict:
     """The defaults at a constant rate, with the changes of the named variants."""
-    known = {**ABLATIONS, **STABILITY_VARIANTS, "policy-lr-3e-4": SLOW_POLICY}
+    known = {**ABLATIONS, **STABILITY_VARIANTS, "policy-lr-3e-4": SLOW_POLICY,
+             "batch-64": {"learners__batch_size": 64, "actors__queue_capacity": 128}}
     changes = dict(ABLATIONS["constant-lr"])
     for name in names:
         changes |= known[name]
@@ -248,7 +250,9 @@ def _constant_rate(*names: str) -> dict:
 
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
-    ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"))}
+    ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"),
+    *(("own-value-torso", "minibatches-2", name) for name in
+      ("ent-0.01", "lambda-0.95", "clip-0.1", "no-popart", "batch-64")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
@@ -328,6 +332,8 @@ class Result:
     lowest_at: int = 0  # the env steps then
     after: int = 0  # episodes that ended after the first hit
     below: int = 0  # of those, the ones whose return was below the threshold
+    after_sum: float = 0.0  # the sum of their returns, and of the squares: their spread
+    after_squares: float = 0.0
     time_limit: int | None = None  # the task's episode step limit (None: none)
     timed_out: int = 0  # of the ones below, those that ran to the time limit
     wall: float = 0.0
@@ -342,6 +348,8 @@ class Result:
         if self.hit is not None:
             self.after += 1
             self.below += ret < self.threshold
+            self.after_sum += ret
+            self.after_squares += ret * ret
             self.timed_out += ret < self.threshold and self.time_limit is not None and length == self.time_limit
         if len(self.window) < WINDOW:
             return
@@ -380,6 +388,17 @@ class Result:
         """The share of the episodes after the first hit whose return was below the
         threshold: steadier than the lowest mean, which one cluster of falls sets."""
         return self.below / self.after if self.after else float("nan")
+
+    @property
+    def after_std(self) -> float:
+        """The std of the returns of the episodes after the first hit. The last-100 mean of a
+        policy that no longer changes wanders about its true mean by a tenth of this (the
+        standard error of a mean of 100 episodes), so a dip of that size below the threshold,
+        as the mean first crosses it, is the window's noise rather than a fall."""
+        if self.after < 2:
+            return float("nan")
+        mean = self.after_sum / self.after
+        return math.sqrt(max(self.after_squares / self.after - mean * mean, 0.0))
 
     @property
     def timed_out_share(self) -> float:
@@ -594,7 +613,7 @@ def main() -> None:
                              f"; deterministic eval {r.evaluation:.0f}"
                 print(f"{method:12} seed {seed}: reached at {fmt_hit(r.hit)}; lowest after {r.lowest:7.1f} (step {r.lowest_at}; "
                       f"episodes below the threshold after {r.below_share:.2%}, "
-                      f"of them at the time limit {r.timed_out_share:.0%}); "
+                      f"of them at the time limit {r.timed_out_share:.0%}; std of the returns after {r.after_std:.1f}); "
                       f"final {r.final:7.1f} ({'solved' if r.solved else 'NOT solved'}); "
                       f"{r.steps / r.wall:6.0f} steps/s{extra}", flush=True)
                 if args.marks and method not in PPO_METHODS:
