@@ -217,6 +217,16 @@ STABILITY_VARIANTS = {
     "lr-3e-4": {"optim__lr": 3e-4},
     # Twice the env steps per update, with a queue of two batches as the defaults have.
     "batch-64": {"learners__batch_size": 64, "actors__queue_capacity": 128},
+    # One minibatch per pass: each gradient step on the whole batch of 512 env steps.
+    "minibatches-1": {"learners__minibatches": 1},
+    # The policy's steps half as long, its critic's as before.
+    "policy-lr-5e-4": {"optim__lr": 5e-4, "optim__value_lr": 1e-3},
+    # The zoo's horizon and trace lambda (gamma 0.999, gae_lambda 0.98), with the value-scale
+    # floor kept at its size as in gamma-0.999-floor-0.001.
+    "zoo-horizon": {"learners__gamma": 0.999, "vtrace__td_lambda": 0.98, "learners__value_scale_floor": 0.001},
+    # Fragments twice as long, as many env steps per batch and queue: half the bootstraps.
+    "unroll-32": {"actors__unroll_length": 32, "learners__batch_size": 16, "actors__queue_capacity": 32},
+    "ent-0.02": {"learners__ent_coef": 0.02},
 }
 # LunarLander at a constant rate (the bar), with one of the changes above each; each fell
 # below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01,
@@ -243,6 +253,12 @@ STABILITY_VARIANTS = {
 # targets as SB3 has; batch-64, twice the env steps per update. Only ent-0.01 held seed 1
 # there; over 10 M steps it held 2 seeds of 5, and the other 3 had their lowest point
 # right after their first hit.
+# Then, against that dip, on seeds 3 and 5 (on which ent-0.01 fell twice), for 3 M steps:
+# minibatches-1, each step on the whole batch; policy-lr-5e-4, shorter policy steps;
+# zoo-horizon, the zoo's gamma and lambda; unroll-32, half the bootstraps from a critic
+# still learning; ent-0.01 on four passes of eight minibatches, as fast as a separate torso
+# alone; and ent-0.02, a larger bonus. Only ent-0.02 held both; the others each fell on
+# the seeds they ran. Over 10 M steps ent-0.02 held 1 seed of 5 (docs/benchmarks.md).
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
@@ -259,7 +275,11 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
     ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"),
     *(("own-value-torso", "minibatches-2", name) for name in
-      ("ent-0.01", "lambda-0.95", "clip-0.1", "no-popart", "batch-64")))}
+      ("ent-0.01", "lambda-0.95", "clip-0.1", "no-popart", "batch-64")),
+    ("own-value-torso", "ent-0.01"), ("own-value-torso", "ent-0.01", "minibatches-1"),
+    ("own-value-torso", "minibatches-2", "ent-0.02"),
+    *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
+      ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
 # "Replay" here: a learner that finds no fresh batch trains on replayed ones instead of
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
