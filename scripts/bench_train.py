@@ -257,8 +257,9 @@ STABILITY_VARIANTS = {
 # minibatches-1, each step on the whole batch; policy-lr-5e-4, shorter policy steps;
 # zoo-horizon, the zoo's gamma and lambda; unroll-32, half the bootstraps from a critic
 # still learning; ent-0.01 on the defaults' eight minibatches, which a separate torso alone
-# solved with in fewer steps; and ent-0.02, a larger bonus. Only ent-0.02 held both; the others each fell on
-# the seeds they ran. Over 10 M steps ent-0.02 held 1 seed of 5 (docs/benchmarks.md).
+# solved with in fewer steps; and ent-0.02, a larger bonus. Only ent-0.02 held both; the
+# others each fell on the seeds they ran. Over 10 M steps ent-0.02 held 1 seed of 5
+# (docs/benchmarks.md).
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
