@@ -231,26 +231,9 @@ STABILITY_VARIANTS = {
     # on LunarLander, lambda 0.98 and gamma 0.999 over 1 024-step rollouts, sums about 48).
     "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
     "ent-0.02": {"learners__ent_coef": 0.02},
-    # Every setting of the zoo's LunarLander PPO that this trainer has, at once: separate
-    # networks, raw observations and value targets, gamma 0.999 and lambda 0.98, the bonus
-    # of 0.01, Adam at 3e-4 with beta2 0.999, and minibatches of 64 env steps, 32 gradient
-    # steps per 512 env steps as SB3's 1 024 per 16 k. What stays this trainer's: fragments
-    # of 64 steps from actors that do not wait for the learner, V-trace's targets, and
-    # minibatches of whole fragments (here one each; SB3 draws its 64 steps from all over
-    # its rollout).
-    "zoo-settings": {"model__shared_torso": False, "model__normalize_obs": False,
-                     "model__normalize_value": False, "learners__gamma": 0.999, "vtrace__td_lambda": 0.98,
-                     "learners__ent_coef": 0.01, "optim__lr": 3e-4, "optim__betas": [0.9, 0.999],
-                     "actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16,
-                     "learners__minibatches": 8},
     # Torsos of 128 units, twice the defaults' width, for a policy whose return is still
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
-    # Twice the env steps per update in minibatches of the same size: as many gradient
-    # steps per env step as two minibatches of the shipped batch (SB3 PPO's updates on
-    # LunarLander take 16 k env steps).
-    "batch-64-minibatches-4": {"learners__batch_size": 64, "actors__queue_capacity": 128,
-                               "learners__minibatches": 4},
 }
 # LunarLander at a constant rate (the bar), with one of the changes above each; each fell
 # below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01,
@@ -292,14 +275,36 @@ STABILITY_VARIANTS = {
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
-def _constant_rate(*names: str) -> dict:
-    """The defaults at a constant rate, with the changes of the named variants."""
+def _changes(*names: str) -> dict:
+    """The changes of the named variants, later names winning."""
     known = {**ABLATIONS, **STABILITY_VARIANTS, "policy-lr-3e-4": SLOW_POLICY}
-    changes = dict(ABLATIONS["constant-lr"])
+    changes = {}
     for name in names:
         changes |= known[name]
     return changes
 
+
+def _constant_rate(*names: str) -> dict:
+    """The defaults at a constant rate, with the changes of the named variants."""
+    return _changes("constant-lr", *names)
+
+
+STABILITY_VARIANTS |= {
+    # Twice the env steps per update in minibatches of the same size: as many gradient
+    # steps per env step as two minibatches of the shipped batch (SB3 PPO's updates on
+    # LunarLander take 16 k env steps).
+    "batch-64-minibatches-4": _changes("batch-64") | {"learners__minibatches": 4},
+    # Every setting of the zoo's LunarLander PPO that this trainer has, at once: separate
+    # networks, raw observations and value targets, gamma 0.999 and lambda 0.98, the bonus
+    # of 0.01, Adam at 3e-4 with beta2 0.999, and, in the defaults' 8 minibatches of a batch
+    # of 8 fragments of 64 steps, minibatches of 64 env steps: 32 gradient steps per 512
+    # env steps as SB3's 1 024 per 16 k. What stays this trainer's: actors that do not wait
+    # for the learner, V-trace's targets, and minibatches of whole fragments (here one
+    # each; SB3 draws its 64 steps from all over its rollout). zoo-horizon's value-scale
+    # floor does nothing without PopArt.
+    "zoo-settings": _changes("own-value-torso", "no-obs-norm", "no-popart", "zoo-horizon", "ent-0.01",
+                             "lr-3e-4", "adam-beta2-0.999", "unroll-64"),
+}
 
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
