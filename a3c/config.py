@@ -104,8 +104,13 @@ class LearnersConfig:
     vf_coef: float = _f(0.5, "value loss coefficient", ge=0)
     max_grad_norm: float = _f(0.5, "gradient norm clipping threshold", gt=0)
     epochs: int = _f(4, "passes over each fresh batch (more reuse per fragment)", ge=1)
-    minibatches: int = _f(8, "gradient steps per pass: the batch's fragments split in this many parts",
-                          ge=1)
+    minibatches: int = _f(8, "gradient steps per pass: the batch split in this many parts "
+                             "(learners.minibatch_split)", ge=1)
+    minibatch_split: str = _f(
+        "fragments", "what a minibatch is made of: whole fragments, or single steps drawn from all "
+                     "the batch's fragments with V-trace's targets computed over the whole batch at "
+                     "the start of each pass, as PPO's minibatches (steps: a feedforward model only)",
+        choices=("fragments", "steps"))
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
@@ -455,17 +460,30 @@ def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
                         "publish new weights; set either above 0")
 
 
+def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: list[str],
+                       bad: set[str]) -> None:
+    """No more minibatches than the batch has fragments (or steps, split by steps)."""
+    if {"learners.minibatches", "learners.batch_size", "learners.minibatch_split",
+            "actors.unroll_length"} & bad:
+        return
+    if learners.minibatch_split == "fragments" and learners.minibatches > learners.batch_size:
+        problems.append(f"learners.minibatches: {learners.minibatches} is larger than "
+                        f"learners.batch_size ({learners.batch_size}); "
+                        f"allowed: minibatches <= batch_size")
+    steps = learners.batch_size * unroll_length
+    if learners.minibatch_split == "steps" and learners.minibatches > steps:
+        problems.append(f"learners.minibatches: {learners.minibatches} is larger than the batch's "
+                        f"{steps} steps (learners.batch_size times actors.unroll_length); "
+                        f"allowed: minibatches <= {steps}")
+
+
 def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) -> Config:
     bad: set[str] = set()
     cfg = _build(Config, data, "", problems, bad)
     if "name" not in bad and (not cfg.name or cfg.name.startswith(".") or re.search(r"[/\\]", cfg.name)):
         problems.append(f"name: {cfg.name!r} is not allowed; use a folder name without '/' or '\\' "
                         f"that does not start with '.'")
-    if not ({"learners.minibatches", "learners.batch_size"} & bad) \
-            and cfg.learners.minibatches > cfg.learners.batch_size:
-        problems.append(f"learners.minibatches: {cfg.learners.minibatches} is larger than "
-                        f"learners.batch_size ({cfg.learners.batch_size}); "
-                        f"allowed: minibatches <= batch_size")
+    _check_minibatches(cfg.learners, cfg.actors.unroll_length, problems, bad)
     if not ({"actors.queue_capacity", "learners.batch_size"} & bad) \
             and cfg.actors.queue_capacity < cfg.learners.batch_size:
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
@@ -474,6 +492,10 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
     if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
         problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
                         f"model.lstm is {cfg.model.lstm}; set one of them to 0")
+    if not ({"learners.minibatch_split", "model.lstm"} & bad) \
+            and cfg.learners.minibatch_split == "steps" and cfg.model.lstm:
+        problems.append(f"learners.minibatch_split: steps needs a feedforward model, and model.lstm is "
+                        f"{cfg.model.lstm}; split by fragments, or set model.lstm to 0")
     _check_env(cfg.env, problems, bad)
     env_data = data.get("env")
     named_by = cfg.env.factory or cfg.env.entry_point

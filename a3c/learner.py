@@ -32,7 +32,8 @@ from .spaces import Obs, tree_map
 
 __all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
            "batch_from_fragments", "compute_loss", "evaluate_batch", "mean_excess", "replay_buffer",
-           "run_learner", "start_learners", "statistics_lock", "step_queue"]
+           "run_learner", "start_learners", "statistics_lock", "step_minibatches", "step_queue",
+           "vtrace_returns"]
 
 
 class Batch(NamedTuple):
@@ -140,7 +141,8 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = Fal
     episode ended inside it, and reads last_obs from the state after the last step.
 
     `with_params` (a feedforward model): the policy parameters [T * B, P] of the same
-    forward pass are returned fifth (for `mean_excess`), so that they cost no second pass."""
+    forward pass are returned fifth (for `mean_excess`), so that they cost no second pass.
+    A batch without bootstrap_obs (a minibatch of steps) has no bootstrap values (None)."""
     T, B = batch.reward.shape
     if batch.state is not None:
         done = batch.terminated | batch.truncated
@@ -155,36 +157,27 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = Fal
     keyword = {"with_params": True} if with_params else {}  # a user's model need not take it unasked
     logp, entropy, values, *params = model.evaluate(obs, action, **keyword)
     logp, entropy, values = (x.reshape(T, B) for x in (logp, entropy, values))
-    with torch.no_grad():
-        _, bootstrap_value = model(batch.bootstrap_obs)
+    bootstrap_value = None
+    if batch.bootstrap_obs is not None:
+        with torch.no_grad():
+            _, bootstrap_value = model(batch.bootstrap_obs)
     return (logp, entropy, values, bootstrap_value, *params)
 
 
-def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
+def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
+                 returns: vtrace.VTraceReturns | None = None) -> Loss:
     """IMPALA's actor-critic loss with V-trace targets (Espeholt et al. 2018, eq. 1-2), or,
     with `learners.clip_coef`, PPO's clipped objective on V-trace advantages as in
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
-    policy mu, whose data may be a few updates old)."""
-    T, B = batch.reward.shape
+    policy mu, whose data may be a few updates old).
+
+    The targets come from the same forward pass as the loss, or, given `returns` (a
+    minibatch of steps, see `step_minibatches`), were computed beforehand."""
     bound = cfg.learners.bound_coef  # a feedforward Gaussian policy (checked when a run starts)
     logp, entropy, values, bootstrap_value, *params = evaluate_batch(model, batch, with_params=bool(bound))
-    done = batch.terminated | batch.truncated
-
-    gamma = cfg.learners.gamma
-    discounts = gamma * (~done).float()  # no bootstrap across an episode's end
-    # A time limit is not a terminal state: bootstrap it from its final observation.
-    rewards = batch.reward + gamma * batch.trunc_value * batch.truncated.float()
     log_rhos = logp.detach() - batch.logp  # log pi/mu, [T, B]
-    returns = vtrace.from_importance_weights(
-        log_rhos=log_rhos,
-        discounts=discounts,
-        rewards=rewards,
-        values=values.detach(),
-        bootstrap_value=bootstrap_value,
-        clip_rho_threshold=cfg.vtrace.clip_rho_threshold,
-        clip_pg_rho_threshold=cfg.vtrace.clip_pg_rho_threshold,
-        td_lambda=cfg.vtrace.td_lambda,
-    )
+    if returns is None:
+        returns = vtrace_returns(batch, log_rhos, values.detach(), bootstrap_value, cfg)
     # With PopArt, value errors and advantages are judged against the value scale, the
     # spread of the value targets (see _value_scale).
     scale = _value_scale(model, cfg.learners.value_scale_floor)
@@ -211,6 +204,26 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config) -> Loss:
     stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
                       _explained_variance(returns.vs, values.detach()), approx_kl(log_rhos))
     return Loss(loss, stats, returns.vs)
+
+
+def vtrace_returns(batch: Batch, log_rhos: torch.Tensor, values: torch.Tensor,
+                   bootstrap_value: torch.Tensor, cfg: Config) -> vtrace.VTraceReturns:
+    """V-trace's targets and advantages [T, B] for a batch of whole fragments, from the
+    log-ratios log pi/mu and the values of the current policy [T, B] (without gradient)."""
+    gamma = cfg.learners.gamma
+    discounts = gamma * (~(batch.terminated | batch.truncated)).float()  # no bootstrap across an episode's end
+    # A time limit is not a terminal state: bootstrap it from its final observation.
+    rewards = batch.reward + gamma * batch.trunc_value * batch.truncated.float()
+    return vtrace.from_importance_weights(
+        log_rhos=log_rhos,
+        discounts=discounts,
+        rewards=rewards,
+        values=values,
+        bootstrap_value=bootstrap_value,
+        clip_rho_threshold=cfg.vtrace.clip_rho_threshold,
+        clip_pg_rho_threshold=cfg.vtrace.clip_pg_rho_threshold,
+        td_lambda=cfg.vtrace.td_lambda,
+    )
 
 
 def mean_excess(policy_params: torch.Tensor, space: gym.spaces.Box) -> torch.Tensor:
@@ -452,12 +465,12 @@ class Updater:
                 self.obs_norm.update(batch.obs)
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         for epoch in range(cfg.learners.epochs):
-            for part in _minibatches(batch, cfg.learners.minibatches):
+            for part, returns in self._pass(batch):
                 if self.stop is not None and self.stop.is_set():
                     break  # the trainer waits for this learner before its last checkpoint
                 self.copy_weights()
                 version = counters["policy_version"]
-                loss, loss_stats, targets = compute_loss(local, part, cfg)
+                loss, loss_stats, targets = compute_loss(local, part, cfg, returns)
                 finite = torch.isfinite(loss)
                 if self.publish is None and not finite:  # on the CPU, reading it costs nothing
                     counters.add("nonfinite_losses")
@@ -481,6 +494,14 @@ class Updater:
             # from its pinned buffer is done too, and the buffer may take the next batch.
             self._report(torch.stack(rows).cpu().numpy(), is_fresh)
         counters.add("learner_update_s", time.perf_counter() - started)
+
+    def _pass(self, batch: Batch) -> list[tuple[Batch, vtrace.VTraceReturns | None]]:
+        """One pass's minibatches, each with its V-trace targets, or None where its loss
+        computes them (`learners.minibatch_split`)."""
+        if self.cfg.learners.minibatch_split == "steps":
+            self.copy_weights()  # the targets of the policy as it is now
+            return step_minibatches(self.local, batch, self.cfg)
+        return [(part, None) for part in _minibatches(batch, self.cfg.learners.minibatches)]
 
     def _advance(self) -> None:
         """A gradient step is done: a new policy version, now on the CPU (where it is the
@@ -630,6 +651,33 @@ def _minibatches(batch: Batch, n: int) -> list[Batch]:
 
     return [Batch(*(part(name, field, idx) for name, field in zip(Batch._fields, batch)))
             for idx in parts]
+
+
+def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config
+                     ) -> list[tuple[Batch, vtrace.VTraceReturns]]:
+    """A pass over `batch` in `learners.minibatches` random parts of single steps drawn
+    from all its fragments, as PPO's minibatches are drawn from all over its rollout:
+    each a Batch [1, N] without bootstrap observations, with its V-trace targets [1, N].
+
+    V-trace runs along a fragment, which a part no longer holds, so the targets are
+    computed first, over the whole batch, with `model` as it is at the start of the pass
+    (as PPO computes its advantages once per rollout). Each part's advantages are then
+    normalized within it. A feedforward model only: a recurrent one unrolls fragments."""
+    T, B = batch.reward.shape
+    with torch.no_grad():
+        logp, _, values, bootstrap_value = evaluate_batch(model, batch)
+        returns = vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
+    parts = torch.randperm(T * B, device=batch.reward.device).tensor_split(cfg.learners.minibatches)
+
+    def steps(field: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [1, N, ...]
+        return field.reshape(T * B, *field.shape[2:])[idx].unsqueeze(0)
+
+    def part(idx: torch.Tensor) -> tuple[Batch, vtrace.VTraceReturns]:
+        fields = (None if name in _PER_FRAGMENT else tree_map(lambda t: steps(t, idx), field)
+                  for name, field in zip(Batch._fields, batch))
+        return Batch(*fields), vtrace.VTraceReturns(*(steps(x, idx) for x in returns))
+
+    return [part(idx) for idx in parts]
 
 
 # The Batch fields that are [B, ...]; the others are [T, B, ...].

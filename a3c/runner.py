@@ -37,7 +37,7 @@ from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
 
-__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_bound_coef", "check_compatible",
+__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_learner_settings", "check_compatible",
            "load_state"]
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
@@ -64,14 +64,22 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
         env.close()
 
 
-def check_bound_coef(cfg: Config, model: torch.nn.Module) -> None:
-    """`learners.bound_coef` bounds a Gaussian policy's means: the model must have one,
-    and a Box action space whose bounds it reads (a3c.learner.mean_excess)."""
+def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
+    """The `learners` settings that need a kind of model, against the run's model (a
+    user's included): `bound_coef` bounds a Gaussian policy's means, so the model must
+    have one, and a Box action space whose bounds it reads (a3c.learner.mean_excess);
+    minibatches of steps need a feedforward model."""
     space = getattr(model, "action_space", None)
+    problems = []
     if cfg.learners.bound_coef and not (getattr(model, "is_continuous", False)
                                         and isinstance(space, gym.spaces.Box)):
-        raise ConfigError([f"learners.bound_coef: {cfg.learners.bound_coef} bounds a Gaussian policy's "
-                           f"means, and this model's actions are {space}; set it to 0"])
+        problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} bounds a Gaussian policy's "
+                        f"means, and this model's actions are {space}; set it to 0")
+    if cfg.learners.minibatch_split == "steps" and getattr(model, "is_recurrent", False):
+        problems.append("learners.minibatch_split: steps needs a feedforward model, and this model is "
+                        "recurrent; split by fragments")
+    if problems:
+        raise ConfigError(problems)
 
 
 def check_compatible(cfg: Config, state: dict) -> None:
@@ -119,7 +127,7 @@ class Trainer:
         self.cfg, self.run_dir, self.env_factory = cfg, Path(run_dir), env_factory
         check_env_factory(env_factory, cfg.actors.mode)
         self.model = model if model is not None else build_default_model(cfg, env_factory)
-        check_bound_coef(cfg, self.model)
+        check_learner_settings(cfg, self.model)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.counters = Counters(COUNTERS, TIMERS)

@@ -142,12 +142,32 @@ def test_bound_coef_with_a_recurrent_model_is_refused_with_the_fix():
     assert "learners.bound_coef" in problem and "model.lstm" in problem and "set one of them to 0" in problem
 
 
+def test_minibatches_of_steps_may_outnumber_the_fragments_but_not_the_steps():
+    assert load_config({"learners": {"minibatch_split": "steps", "minibatches": 64}}).learners.minibatches == 64
+    (problem,) = problems({"learners": {"minibatch_split": "steps", "minibatches": 513}})
+    assert problem.startswith("learners.minibatches: 513 is larger than the batch's 512 steps") \
+        and "allowed: minibatches <= 512" in problem
+
+
+def test_minibatches_of_steps_with_a_recurrent_model_are_refused_with_the_fix():
+    (problem,) = problems({"learners": {"minibatch_split": "steps"}, "model": {"lstm": 64}})
+    assert "learners.minibatch_split: steps needs a feedforward model" in problem and "model.lstm" in problem
+
+
+def test_minibatches_of_steps_for_a_users_recurrent_model_are_refused_with_the_fix():
+    from a3c.runner import build_default_model, check_learner_settings
+
+    recurrent = build_default_model(load_config({"model": {"lstm": 16}}))
+    with pytest.raises(ConfigError, match="minibatch_split: steps needs a feedforward model.*split by fragments"):
+        check_learner_settings(load_config({"learners": {"minibatch_split": "steps"}}), recurrent)
+
+
 def test_bound_coef_for_discrete_actions_is_refused_with_the_fix():
-    from a3c.runner import build_default_model, check_bound_coef
+    from a3c.runner import build_default_model, check_learner_settings
 
     cfg = load_config({"learners": {"bound_coef": 0.1}})  # CartPole: Discrete(2)
     with pytest.raises(ConfigError, match="learners.bound_coef.*Discrete.*set it to 0"):
-        check_bound_coef(cfg, build_default_model(cfg))
+        check_learner_settings(cfg, build_default_model(cfg))
 
 
 def test_cuda_device_without_cuda_is_reported():

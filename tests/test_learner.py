@@ -16,7 +16,8 @@ from torch.distributions import Categorical
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, approx_kl, batch_from_fragments, compute_loss,
-                         mean_excess, replay_buffer, run_learner, step_queue, _explained_variance)
+                         mean_excess, replay_buffer, run_learner, step_minibatches, step_queue,
+                         _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
@@ -236,6 +237,45 @@ def test_normalized_advantages_have_zero_mean_and_unit_std_in_the_loss():
     ratio = np.array([0.75 / 0.7, 1.0, 0.75 / 0.7, 1.0])
     assert compute_loss(FixedModel(), batch, cfg).stats.policy == pytest.approx(
         -np.mean(ratio * adv), rel=1e-5)
+
+
+# ------------------------------------------------------------------------- step_minibatches
+def step_batch():
+    """3 fragments of 4 steps whose observations (the values) are all different, with an
+    episode end in each of two, and behaviour policies other than the learner's."""
+    rng = np.random.default_rng(0)
+    values = (np.arange(12).reshape(3, 4) / 8).tolist()  # exact in float32
+    actions = rng.integers(0, 2, (3, 4))
+    return hand_batch(values, rng.normal(size=(3, 4)), actions, bootstrap=[0.5, 0.2, -0.1],
+                      terminated=[[0, 1, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]],
+                      truncated=[[0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 0]],
+                      trunc_value=[[0, 0, 0, 0], [0, 0, 3, 0], [0, 0, 0, 0]],
+                      behaviour_logp=np.log(rng.uniform(0.2, 0.8, (3, 4))))
+
+
+def test_minibatches_of_steps_hold_every_step_once_with_the_whole_batchs_vtrace_targets():
+    batch, cfg, model = step_batch(), config(minibatch_split="steps", minibatches=5), FixedModel()
+    whole = compute_loss(model, batch, cfg).value_targets  # [T, B], V-trace along whole fragments
+    parts = step_minibatches(model, batch, cfg)
+    assert [part.reward.shape for part, _ in parts] == [(1, 3), (1, 3), (1, 2), (1, 2), (1, 2)]
+    obs = torch.cat([part.obs.reshape(-1) for part, _ in parts])
+    assert sorted(obs.tolist()) == pytest.approx(batch.obs.reshape(-1).sort().values.tolist())
+    where = {float(v): (t, b) for (t, b), v in np.ndenumerate(batch.obs[..., 0].numpy())}
+    for part, returns in parts:
+        assert part.bootstrap_obs is None and part.state is None
+        for i, v in enumerate(part.obs[0, :, 0].tolist()):
+            t, b = where[v]  # every field of the step, and its target, from one step
+            for name in ("action", "reward", "logp", "terminated", "truncated", "trunc_value", "version"):
+                assert getattr(part, name)[0, i] == getattr(batch, name)[t, b], name
+            assert returns.vs[0, i] == pytest.approx(whole[t, b].item())
+
+
+def test_one_minibatch_of_steps_has_the_loss_of_the_whole_batch():
+    batch, model = step_batch(), FixedModel()
+    cfg = config(minibatch_split="steps", clip_coef=0.2, normalize_advantages=True)
+    ((part, returns),) = step_minibatches(model, batch, cfg)
+    assert compute_loss(model, part, cfg, returns).total.item() == pytest.approx(
+        compute_loss(model, batch, cfg).total.item(), rel=1e-5)
 
 
 # A bounded range, a range 4 wide off zero, and an unbounded dimension.
@@ -603,6 +643,13 @@ def test_non_finite_loss_is_skipped_counted_and_leaves_parameters_unchanged(harn
         torch.testing.assert_close(p.detach(), p0)
     assert all((t == 0).all() for ts in h.optimizer.state.values() for t in ts)  # no step taken
     assert len(h.stats) == 0
+
+
+def test_a_learner_splitting_by_steps_takes_a_gradient_step_per_minibatch_beyond_the_fragments(harnesses):
+    h = harnesses(config(minibatch_split="steps", minibatches=6, epochs=2), FixedModel())
+    h.put(4)  # one batch: 4 fragments of 3 steps
+    assert h.wait_for("updates", 12) == 12
+    assert h.counters["policy_version"] == 12
 
 
 def test_a_batch_filled_across_queue_timeouts_loses_no_fragment(harnesses):

@@ -13,11 +13,14 @@ TINY = dict(actors__num=1, actors__envs_per_actor=4, actors__unroll_length=8, le
             logging__progress=False, logging__interval_s=0.5, checkpoint__interval_s=0)
 
 
-@pytest.mark.parametrize("make, steps", [(MatchTheCue, 6000), (CopyTheBits, 6000)],
-                         ids=["dict-obs-multidiscrete", "tuple-obs-multibinary"])
-def test_composite_observations_and_factorised_actions_train_checkpoint_and_predict(make, steps, tmp_path):
+@pytest.mark.parametrize("make, steps, split", [(MatchTheCue, 6000, "fragments"), (CopyTheBits, 6000, "fragments"),
+                                                (MatchTheCue, 6000, "steps")],
+                         ids=["dict-obs-multidiscrete", "tuple-obs-multibinary",
+                              "dict-obs-multidiscrete-minibatches-of-steps"])
+def test_composite_observations_and_factorised_actions_train_checkpoint_and_predict(make, steps, split, tmp_path):
     env = make()
-    agent = A3C({"env": {"id": make.__name__}}, env=make, logging__run_root=str(tmp_path), **TINY)
+    agent = A3C({"env": {"id": make.__name__}}, env=make, logging__run_root=str(tmp_path),
+                learners__minibatch_split=split, **TINY)
     agent.learn(steps, sink=MemorySink())
     assert agent.num_timesteps >= steps and agent.counters["updates"] > 0
     loaded = A3C.load(agent.run_dir, env=make)
