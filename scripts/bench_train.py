@@ -231,6 +231,9 @@ STABILITY_VARIANTS = {
     # on LunarLander, lambda 0.98 and gamma 0.999 over 1 024-step rollouts, sums about 48).
     "unroll-64": {"actors__unroll_length": 64, "learners__batch_size": 8, "actors__queue_capacity": 16},
     "ent-0.02": {"learners__ent_coef": 0.02},
+    # Minibatches of single steps drawn from all the batch's fragments, as SB3 PPO's are
+    # drawn from all over its rollout, in place of whole fragments.
+    "step-minibatches": {"learners__minibatch_split": "steps"},
     # Torsos of 128 units, twice the defaults' width, for a policy whose return is still
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
@@ -319,6 +322,8 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     *(("own-value-torso", "minibatches-2", "ent-0.02", *names) for names in
       (("layer-norm",), ("unroll-64",), ("zoo-horizon", "unroll-64"))),
     ("zoo-settings",), ("zoo-settings", "minibatches-2"),
+    ("own-value-torso", "minibatches-2", "ent-0.02", "step-minibatches"),
+    ("own-value-torso", "ent-0.02", "step-minibatches"), ("zoo-settings", "step-minibatches"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
