@@ -462,19 +462,25 @@ def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
 
 def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: list[str],
                        bad: set[str]) -> None:
-    """No more minibatches than the batch has fragments (or steps, split by steps)."""
+    """No more minibatches than the batch has fragments (or steps, split by steps), and,
+    where advantages are normalized, at least 2 steps in each (the std of one is not a
+    number, and every loss would be skipped)."""
     if {"learners.minibatches", "learners.batch_size", "learners.minibatch_split",
-            "actors.unroll_length"} & bad:
+            "actors.unroll_length", "learners.normalize_advantages"} & bad:
         return
-    if learners.minibatch_split == "fragments" and learners.minibatches > learners.batch_size:
-        problems.append(f"learners.minibatches: {learners.minibatches} is larger than "
-                        f"learners.batch_size ({learners.batch_size}); "
-                        f"allowed: minibatches <= batch_size")
-    steps = learners.batch_size * unroll_length
-    if learners.minibatch_split == "steps" and learners.minibatches > steps:
-        problems.append(f"learners.minibatches: {learners.minibatches} is larger than the batch's "
-                        f"{steps} steps (learners.batch_size times actors.unroll_length); "
-                        f"allowed: minibatches <= {steps}")
+    by_steps = learners.minibatch_split == "steps"
+    units = learners.batch_size * unroll_length if by_steps else learners.batch_size
+    steps_each = 1 if by_steps else unroll_length  # steps per fragment or step
+    limit = units // 2 if learners.normalize_advantages and steps_each < 2 else units
+    if learners.minibatches <= limit:
+        return
+    what = (f"the batch's {units} steps (learners.batch_size times actors.unroll_length)" if by_steps
+            else f"learners.batch_size ({units})")
+    if limit < units:
+        what = (f"half {what}: each minibatch needs 2 steps for its advantages to be normalized "
+                f"(learners.normalize_advantages)")
+    problems.append(f"learners.minibatches: {learners.minibatches} is larger than {what}; "
+                    f"allowed: minibatches <= {limit}")
 
 
 def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) -> Config:

@@ -177,6 +177,9 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
     logp, entropy, values, bootstrap_value, *params = evaluate_batch(model, batch, with_params=bool(bound))
     log_rhos = logp.detach() - batch.logp  # log pi/mu, [T, B]
     if returns is None:
+        if bootstrap_value is None:
+            raise ValueError("compute_loss: a minibatch of steps needs its V-trace returns, "
+                             "as step_minibatches gives them")
         returns = vtrace_returns(batch, log_rhos, values.detach(), bootstrap_value, cfg)
     # With PopArt, value errors and advantages are judged against the value scale, the
     # spread of the value targets (see _value_scale).
@@ -661,22 +664,30 @@ def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config
 
     V-trace runs along a fragment, which a part no longer holds, so the targets are
     computed first, over the whole batch, with `model` as it is at the start of the pass
-    (as PPO computes its advantages once per rollout). Each part's advantages are then
-    normalized within it. A feedforward model only: a recurrent one unrolls fragments."""
+    (PPO computes its advantages before its minibatches too, once per rollout; here once
+    per pass). Each part's advantages are then normalized within it. A feedforward model
+    only: a recurrent one unrolls whole fragments."""
+    if batch.state is not None:
+        raise ValueError("step_minibatches: a recurrent model's batch is split by fragments "
+                         "(learners.minibatch_split: fragments)")
     T, B = batch.reward.shape
     with torch.no_grad():
         logp, _, values, bootstrap_value = evaluate_batch(model, batch)
         returns = vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
-    parts = torch.randperm(T * B, device=batch.reward.device).tensor_split(cfg.learners.minibatches)
 
-    def steps(field: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [1, N, ...]
-        return field.reshape(T * B, *field.shape[2:])[idx].unsqueeze(0)
+    def flat(field: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [T * B, ...], copied once a pass
+        return field.reshape(T * B, *field.shape[2:])
+
+    fields = [None if name in _PER_FRAGMENT else tree_map(flat, field) for name, field in zip(Batch._fields, batch)]
+    targets = [flat(x) for x in returns]
 
     def part(idx: torch.Tensor) -> tuple[Batch, vtrace.VTraceReturns]:
-        fields = (None if name in _PER_FRAGMENT else tree_map(lambda t: steps(t, idx), field)
-                  for name, field in zip(Batch._fields, batch))
-        return Batch(*fields), vtrace.VTraceReturns(*(steps(x, idx) for x in returns))
+        def take(x: torch.Tensor) -> torch.Tensor:  # the steps idx, as [1, N, ...]
+            return x[idx].unsqueeze(0)
+        return (Batch(*(None if field is None else tree_map(take, field) for field in fields)),
+                vtrace.VTraceReturns(*map(take, targets)))
 
+    parts = torch.randperm(T * B, device=batch.reward.device).tensor_split(cfg.learners.minibatches)
     return [part(idx) for idx in parts]
 
 

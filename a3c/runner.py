@@ -66,16 +66,20 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
 
 def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
     """The `learners` settings that need a kind of model, against the run's model (a
-    user's included): `bound_coef` bounds a Gaussian policy's means, so the model must
-    have one, and a Box action space whose bounds it reads (a3c.learner.mean_excess);
-    minibatches of steps need a feedforward model."""
+    user's included): `bound_coef` bounds a feedforward Gaussian policy's means, so the
+    model must have one, and a Box action space whose bounds it reads
+    (a3c.learner.mean_excess); minibatches of steps need a feedforward model."""
     space = getattr(model, "action_space", None)
+    recurrent = getattr(model, "is_recurrent", False)
     problems = []
     if cfg.learners.bound_coef and not (getattr(model, "is_continuous", False)
                                         and isinstance(space, gym.spaces.Box)):
         problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} bounds a Gaussian policy's "
                         f"means, and this model's actions are {space}; set it to 0")
-    if cfg.learners.minibatch_split == "steps" and getattr(model, "is_recurrent", False):
+    elif cfg.learners.bound_coef and recurrent:
+        problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
+                        f"this model is recurrent; set it to 0")
+    if cfg.learners.minibatch_split == "steps" and recurrent:
         problems.append("learners.minibatch_split: steps needs a feedforward model, and this model is "
                         "recurrent; split by fragments")
     if problems:

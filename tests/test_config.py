@@ -143,10 +143,22 @@ def test_bound_coef_with_a_recurrent_model_is_refused_with_the_fix():
 
 
 def test_minibatches_of_steps_may_outnumber_the_fragments_but_not_the_steps():
-    assert load_config({"learners": {"minibatch_split": "steps", "minibatches": 64}}).learners.minibatches == 64
-    (problem,) = problems({"learners": {"minibatch_split": "steps", "minibatches": 513}})
+    raw = {"minibatch_split": "steps", "normalize_advantages": False}
+    assert load_config({"learners": {**raw, "minibatches": 512}}).learners.minibatches == 512
+    (problem,) = problems({"learners": {**raw, "minibatches": 513}})
     assert problem.startswith("learners.minibatches: 513 is larger than the batch's 512 steps") \
         and "allowed: minibatches <= 512" in problem
+
+
+@pytest.mark.parametrize("split, unroll_length, limit", [("steps", 16, 256), ("fragments", 1, 16)])
+def test_minibatches_whose_advantages_are_normalized_hold_two_steps_each(split, unroll_length, limit):
+    """The std of one step's advantage is not a number: every such loss would be skipped."""
+    learners = {"minibatch_split": split, "minibatches": limit}
+    actors = {"unroll_length": unroll_length}
+    assert load_config({"learners": learners, "actors": actors}).learners.minibatches == limit
+    (problem,) = problems({"learners": {**learners, "minibatches": limit + 1}, "actors": actors})
+    assert problem.startswith(f"learners.minibatches: {limit + 1} is larger than half") \
+        and "learners.normalize_advantages" in problem and f"allowed: minibatches <= {limit}" in problem
 
 
 def test_minibatches_of_steps_with_a_recurrent_model_are_refused_with_the_fix():
@@ -154,12 +166,15 @@ def test_minibatches_of_steps_with_a_recurrent_model_are_refused_with_the_fix():
     assert "learners.minibatch_split: steps needs a feedforward model" in problem and "model.lstm" in problem
 
 
-def test_minibatches_of_steps_for_a_users_recurrent_model_are_refused_with_the_fix():
+@pytest.mark.parametrize("learners, message", [
+    ({"minibatch_split": "steps"}, "minibatch_split: steps needs a feedforward model.*split by fragments"),
+    ({"bound_coef": 0.1}, "bound_coef: 0.1 needs a feedforward model.*recurrent; set it to 0")])
+def test_settings_for_feedforward_models_are_refused_for_a_users_recurrent_model_with_the_fix(learners, message):
     from a3c.runner import build_default_model, check_learner_settings
 
-    recurrent = build_default_model(load_config({"model": {"lstm": 16}}))
-    with pytest.raises(ConfigError, match="minibatch_split: steps needs a feedforward model.*split by fragments"):
-        check_learner_settings(load_config({"learners": {"minibatch_split": "steps"}}), recurrent)
+    recurrent = build_default_model(load_config({"env": {"id": "Pendulum-v1"}, "model": {"lstm": 16}}))
+    with pytest.raises(ConfigError, match=message):
+        check_learner_settings(load_config({"learners": learners}), recurrent)
 
 
 def test_bound_coef_for_discrete_actions_is_refused_with_the_fix():

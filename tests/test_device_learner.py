@@ -136,16 +136,18 @@ def assert_same(mine: dict, theirs: dict, what: str):
         torch.testing.assert_close(b, a, rtol=0, atol=0, msg=lambda m, name=name: f"{what} {name}: {m}")
 
 
-def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_model_ends(runs):
+@pytest.mark.parametrize("split", ["fragments", "steps"])
+def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_model_ends(runs, split):
     """The same batches: the copy's parameters, statistics and Adam moments equal the
     direct learner's; the shared model receives them at a publish (every 3 steps here:
     after 10 steps it lags, until the learner's last publish), and the policy version
     counts every step once published."""
-    cfg = config(publish_every=3)
+    cfg = config(publish_every=3, minibatch_split=split)
     direct, device = runs(cfg, False), runs(cfg, True)
-    for records in batches(5):  # 10 gradient steps
-        direct.train(records)
-        device.train(records)
+    for i, records in enumerate(batches(5)):  # 10 gradient steps
+        for run in (direct, device):
+            torch.manual_seed(i)  # the same minibatches of steps for both
+            run.train(records)
     assert_same(direct.shared.state_dict(), device.copy.model.state_dict(), "copy")
     for name, tensors in direct.optimizer.state.items():
         for a, b in zip(tensors, device.copy.optimizer.state[name], strict=True):

@@ -16,8 +16,8 @@ from torch.distributions import Categorical
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, approx_kl, batch_from_fragments, compute_loss,
-                         mean_excess, replay_buffer, run_learner, step_minibatches, step_queue,
-                         _explained_variance)
+                         evaluate_batch, mean_excess, replay_buffer, run_learner, step_minibatches,
+                         step_queue, vtrace_returns, _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
@@ -255,7 +255,8 @@ def step_batch():
 
 def test_minibatches_of_steps_hold_every_step_once_with_the_whole_batchs_vtrace_targets():
     batch, cfg, model = step_batch(), config(minibatch_split="steps", minibatches=5), FixedModel()
-    whole = compute_loss(model, batch, cfg).value_targets  # [T, B], V-trace along whole fragments
+    logp, _, values, bootstrap = evaluate_batch(model, batch)  # V-trace along whole fragments:
+    whole = vtrace_returns(batch, (logp - batch.logp).detach(), values.detach(), bootstrap, cfg)
     parts = step_minibatches(model, batch, cfg)
     assert [part.reward.shape for part, _ in parts] == [(1, 3), (1, 3), (1, 2), (1, 2), (1, 2)]
     obs = torch.cat([part.obs.reshape(-1) for part, _ in parts])
@@ -267,7 +268,14 @@ def test_minibatches_of_steps_hold_every_step_once_with_the_whole_batchs_vtrace_
             t, b = where[v]  # every field of the step, and its target, from one step
             for name in ("action", "reward", "logp", "terminated", "truncated", "trunc_value", "version"):
                 assert getattr(part, name)[0, i] == getattr(batch, name)[t, b], name
-            assert returns.vs[0, i] == pytest.approx(whole[t, b].item())
+            for name, target in returns._asdict().items():
+                assert target[0, i].item() == pytest.approx(getattr(whole, name)[t, b].item()), name
+
+
+def test_a_minibatch_of_steps_without_its_targets_is_refused_with_what_gives_them():
+    ((part, _),) = step_minibatches(FixedModel(), step_batch(), config(minibatch_split="steps"))
+    with pytest.raises(ValueError, match="needs its V-trace returns, as step_minibatches gives them"):
+        compute_loss(FixedModel(), part, config())
 
 
 def test_one_minibatch_of_steps_has_the_loss_of_the_whole_batch():
