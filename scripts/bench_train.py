@@ -273,8 +273,10 @@ STABILITY_VARIANTS = {
 # Then on top of ent-0.02: layer-norm, which let a constant rate hold Walker2d-v5; unroll-64,
 # advantages that sum more rewards before they bootstrap, alone and with zoo-horizon. And
 # zoo-settings, SB3's settings together in place of those changes (in 8 minibatches, and
-# 2). Only ent-0.02 held both seeds, and not 10 M steps on all five; the results are in
-# docs/benchmarks.md ("Ten times the budget").
+# 2). Then step-minibatches, SB3's minibatches of steps drawn from all over the batch, on
+# top of ent-0.02 (in 2 minibatches and in 8, and in 8 with queue-32 against the lag of a
+# learner that cannot keep up) and of zoo-settings. Only ent-0.02 held both seeds, and not
+# 10 M steps on all five; the results are in docs/benchmarks.md ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
@@ -324,6 +326,7 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("zoo-settings",), ("zoo-settings", "minibatches-2"),
     ("own-value-torso", "minibatches-2", "ent-0.02", "step-minibatches"),
     ("own-value-torso", "ent-0.02", "step-minibatches"), ("zoo-settings", "step-minibatches"),
+    ("own-value-torso", "ent-0.02", "step-minibatches", "queue-32"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).
