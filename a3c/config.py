@@ -470,8 +470,8 @@ def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: l
         return
     by_steps = learners.minibatch_split == "steps"
     units = learners.batch_size * unroll_length if by_steps else learners.batch_size
-    steps_each = 1 if by_steps else unroll_length  # steps per fragment or step
-    limit = units // 2 if learners.normalize_advantages and steps_each < 2 else units
+    single_steps = by_steps or unroll_length == 1  # each unit a minibatch is made of is one step
+    limit = units // 2 if learners.normalize_advantages and single_steps else units
     if learners.minibatches <= limit:
         return
     what = (f"the batch's {units} steps (learners.batch_size times actors.unroll_length)" if by_steps

@@ -37,7 +37,7 @@ from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
 
-__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_learner_settings", "check_compatible",
+__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "check_learner_settings",
            "load_state"]
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
