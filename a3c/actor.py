@@ -38,8 +38,8 @@ from .envs import env_action, make_vector_env
 from .model import WeightCopy
 from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
-__all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "end_with_parent", "fragment_dtype",
-           "run_actor"]
+__all__ = ["EPISODE_DTYPE", "ActorLoop", "SyncGate", "Unroll", "actor_seed", "end_with_parent",
+           "fragment_dtype", "run_actor"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
@@ -176,7 +176,10 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
     copy_weights = WeightCopy(local, shared)
     loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
     buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment
+    gate = SyncGate(cfg, counters, fragments) if cfg.actors.sync else None
     while True:
+        if gate is not None:
+            gate.wait()
         start = time.perf_counter()
         copy_weights()  # a recent policy, once per fragment
         unroll = loop.unroll(buf, counters["policy_version"])
@@ -190,6 +193,40 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         counters.add("actor_env_s", unroll.env_s)
         counters.add("actor_policy_s", before_put - start - unroll.env_s)  # inference, bookkeeping
         counters.add("actor_queue_s", done_at - before_put)
+
+
+class SyncGate:
+    """Synchronous actors (`actors.sync`): each of the N actors acts B / (N x E) unrolls
+    of its E environments per fresh batch of B fragments, then waits until a learner has
+    trained on a fresh batch (the `fresh_batches` counter). The learner takes batch n
+    only once all its fragments are in, and none of batch n + 1's can be acted before
+    batch n's update: every fresh batch is acted by the policy its update starts from.
+
+    An actor that restarts acts a round at once, making up the one its predecessor left
+    unfinished; if that one was partly in, the surplus waits in the queue for the next
+    batch, one update stale (restarts are rare, and nothing waits forever)."""
+
+    POLL_S = 0.0005
+
+    def __init__(self, cfg: Config, counters: Counters, fragments: ArrayQueue):
+        a = cfg.actors
+        self.per_round = cfg.learners.batch_size // (a.num * a.envs_per_actor)
+        self.counters, self.fragments = counters, fragments
+        self.acted = 0  # unrolls in this round
+        self.trained = counters["fresh_batches"]  # when the round began
+
+    def wait(self) -> None:
+        """Return when the next unroll may start; raises Closed if the queue closes
+        while waiting (the trainer is stopping)."""
+        if self.acted == self.per_round:
+            started = time.perf_counter()
+            while self.counters["fresh_batches"] == self.trained:
+                if self.fragments.closed:
+                    raise Closed("the queue closed while the actor waited for an update")
+                time.sleep(self.POLL_S)
+            self.trained, self.acted = self.counters["fresh_batches"], 0
+            self.counters.add("actor_queue_s", time.perf_counter() - started)  # waiting on the learners
+        self.acted += 1
 
 
 def end_with_parent() -> None:

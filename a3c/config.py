@@ -88,6 +88,10 @@ class ActorsConfig:
     queue_capacity: int = _f(64, "fragments the queue holds (>= learners.batch_size); small keeps data fresh",
                             ge=1)
     max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
+    sync: bool = _f(False, "actors wait for each fresh batch's update before acting again, so every "
+                    "batch is acted by the policy its update starts from, as PPO's rollouts (the actors "
+                    "idle while the learner trains); needs learners.batch_size a multiple of actors.num "
+                    "x envs_per_actor, and local actors")
 
 
 @dataclass
@@ -483,6 +487,23 @@ def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: l
                     f"allowed: minibatches <= {limit}")
 
 
+def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """Synchronous actors act one batch per update between them (a3c.actor), which needs
+    a batch to be a whole number of rounds of every actor's environments."""
+    a = cfg.actors
+    if not a.sync or {"actors.sync", "actors.num", "actors.envs_per_actor", "actors.mode",
+                      "learners.batch_size"} & bad:
+        return
+    if a.mode == "ray":
+        problems.append("actors.sync: true is for local actors, and actors.mode is ray; use actors.mode "
+                        "process or thread, or set actors.sync to false")
+    per_round = a.num * a.envs_per_actor
+    if cfg.learners.batch_size % per_round:
+        problems.append(f"actors.sync: true needs learners.batch_size ({cfg.learners.batch_size}) to be a "
+                        f"multiple of actors.num x envs_per_actor ({a.num} x {a.envs_per_actor} = "
+                        f"{per_round}); change one of them, or set actors.sync to false")
+
+
 def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) -> Config:
     bad: set[str] = set()
     cfg = _build(Config, data, "", problems, bad)
@@ -502,6 +523,7 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
             and cfg.learners.minibatch_split == "steps" and cfg.model.lstm:
         problems.append(f"learners.minibatch_split: steps needs a feedforward model, and model.lstm is "
                         f"{cfg.model.lstm}; split by fragments, or set model.lstm to 0")
+    _check_sync(cfg, problems, bad)
     _check_env(cfg.env, problems, bad)
     env_data = data.get("env")
     named_by = cfg.env.factory or cfg.env.entry_point

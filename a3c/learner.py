@@ -492,6 +492,10 @@ class Updater:
                 self._advance()
                 lag = (version - part.version).float()  # learner version minus the one that acted
                 rows.append(torch.stack([*loss_stats, grad_norm, lag.mean(), lag.max(), finite.float()]))
+        if is_fresh:  # synchronous actors act the next batch once its policy is theirs
+            if cfg.actors.sync:
+                self.flush()
+            counters.add("fresh_batches")
         if rows:
             # The batch's one wait for the device. Once it returns, the batch's transfer
             # from its pinned buffer is done too, and the buffer may take the next batch.

@@ -41,9 +41,10 @@ __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compat
            "load_state"]
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
+# fresh_batches: fresh batches the learners have trained on (synchronous actors wait for it).
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
             "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses",
-            "fragments_lost")
+            "fragments_lost", "fresh_batches")
 # Seconds spent, summed over workers: the per-part time profile.
 TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "learner_queue_s", "learner_update_s")
 _EPISODE_QUEUE = 4096

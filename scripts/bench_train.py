@@ -234,6 +234,9 @@ STABILITY_VARIANTS = {
     # Minibatches of single steps drawn from all the batch's fragments, as SB3 PPO's are
     # drawn from all over its rollout, in place of whole fragments.
     "step-minibatches": {"learners__minibatch_split": "steps"},
+    # Synchronous actors: each batch acted by the policy its update starts from (a lag of 0
+    # at its first gradient step), as SB3 PPO's rollouts, in place of actors that do not wait.
+    "sync": {"actors__sync": True},
     # Torsos of 128 units, twice the defaults' width, for a policy whose return is still
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
@@ -327,6 +330,7 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("own-value-torso", "minibatches-2", "ent-0.02", "step-minibatches"),
     ("own-value-torso", "ent-0.02", "step-minibatches"), ("zoo-settings", "step-minibatches"),
     ("own-value-torso", "ent-0.02", "step-minibatches", "queue-32"),
+    ("own-value-torso", "minibatches-2", "ent-0.02", "sync"), ("own-value-torso", "ent-0.02", "step-minibatches", "sync"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).

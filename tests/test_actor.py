@@ -56,11 +56,12 @@ if ENV_ID not in gym.envs.registry:
 class ActorRun:
     """One actor thread (run_actor, as in actors.mode=thread) feeding a queue the test reads."""
 
-    def __init__(self, queue_capacity=16, version=7):
+    def __init__(self, queue_capacity=16, version=7, sync=False):
         torch.manual_seed(0)
         self.cfg = load_config({
             "env": {"id": ENV_ID},
-            "actors": {"num": 1, "envs_per_actor": E, "unroll_length": T, "queue_capacity": queue_capacity},
+            "actors": {"num": 1, "envs_per_actor": E, "unroll_length": T, "queue_capacity": queue_capacity,
+                       "sync": sync},
             "learners": {"batch_size": min(queue_capacity, 4), "minibatches": 1},
         })
         self.model = build_model(CounterEnv.observation_space, CounterEnv.action_space)
@@ -184,3 +185,43 @@ def test_fragment_version_is_the_policy_version_when_the_fragment_began(actor_ru
     assert versions[:2 * E] == [7] * (2 * E)
     assert versions == sorted(versions)
     assert versions[-2 * E:] == [9] * (2 * E)
+
+
+def test_a_synchronous_actor_acts_one_batch_per_fresh_batch_trained_and_waits_between(actor_run):
+    """With a batch of 2 unrolls (4 fragments) the actor acts 2 unrolls, then nothing
+    until a learner counts a fresh batch; the next batch is acted by the version of that
+    moment. Closing the queue while it waits stops it (the fixture checks)."""
+    run = actor_run(queue_capacity=16, version=7, sync=True)
+    B = run.cfg.learners.batch_size
+    first = run.pop(B)
+    time.sleep(0.5)
+    assert run.fragments.qsize() == 0  # waiting for an update, not acting
+    run.counters.set("policy_version", 9)
+    run.counters.add("fresh_batches")
+    second = run.pop(B)
+    time.sleep(0.5)
+    assert run.fragments.qsize() == 0
+    assert (first["version"] == 7).all() and (second["version"] == 9).all()
+    assert run.counters["actor_queue_s"] > 0.4  # the wait counts as waiting on the learners
+
+
+def test_synchronous_actors_act_each_batch_with_the_policy_its_update_starts_from(tmp_path):
+    """Actor processes and a learner thread: every gradient step's data was acted at most
+    one batch's steps ago (epochs x minibatches - 1 versions; lag 0 at a batch's first
+    step), and the actors never act more than a batch ahead of the learner."""
+    from a3c.metrics import MemorySink
+    from a3c.runner import Trainer
+
+    cfg = load_config({"actors": {"num": 2, "envs_per_actor": 2, "unroll_length": 5, "queue_capacity": 16,
+                                  "sync": True},
+                       "learners": {"batch_size": 8, "epochs": 2, "minibatches": 2}, "total_timesteps": 4_000,
+                       "logging": {"progress": False, "interval_s": 0.2, "run_root": str(tmp_path)},
+                       "checkpoint": {"interval_s": 0}})
+    sink = MemorySink()
+    counts = Trainer(cfg, tmp_path / "run", sink=sink).train()
+    steps_per_batch = cfg.learners.batch_size * cfg.actors.unroll_length
+    assert counts["fresh_batches"] >= 4_000 // steps_per_batch - 1
+    assert 0 <= counts["env_steps"] - counts["fresh_batches"] * steps_per_batch <= steps_per_batch
+    lag_max = [value for _, value in sink.scalars["policy_lag/max"]]
+    assert lag_max and max(lag_max) <= cfg.learners.epochs * cfg.learners.minibatches - 1
+    assert counts["actor_restarts"] == 0

@@ -166,6 +166,16 @@ def test_minibatches_of_steps_with_a_recurrent_model_are_refused_with_the_fix():
     assert "learners.minibatch_split: steps needs a feedforward model" in problem and "model.lstm" in problem
 
 
+def test_synchronous_actors_need_a_batch_of_whole_rounds_and_local_actors_with_the_fix():
+    """Each actor acts batch / (actors x envs) unrolls per update: 32 / (2 x 8) = 2."""
+    assert load_config({"actors": {"sync": True}}).actors.sync
+    (problem,) = problems({"actors": {"sync": True, "envs_per_actor": 12}})
+    assert problem.startswith("actors.sync: true needs learners.batch_size (32) to be a multiple of "
+                              "actors.num x envs_per_actor (2 x 12 = 24)") and "set actors.sync to false" in problem
+    (problem,) = problems({"actors": {"sync": True, "mode": "ray"}})
+    assert problem.startswith("actors.sync: true is for local actors") and "actors.mode process or thread" in problem
+
+
 @pytest.mark.parametrize("learners, message", [
     ({"minibatch_split": "steps"}, "minibatch_split: steps needs a feedforward model.*split by fragments"),
     ({"bound_coef": 0.1}, "bound_coef: 0.1 needs a feedforward model.*recurrent; set it to 0")])

@@ -768,6 +768,18 @@ def test_an_idle_learner_replays_up_to_the_replay_ratio_and_no_further(harnesses
     assert sum(step.replayed for step in h.stats) == limit // B
 
 
+def test_a_learner_counts_the_fresh_batches_it_trained_on_and_not_the_replayed_ones(harnesses):
+    """Synchronous actors wait for this count (a3c.actor.SyncGate)."""
+    B, fresh = 4, 8
+    h = harnesses(load_config({**REPLAY_BASE, "replay": {"ratio": 2.0, "window": 16}}), FixedModel())
+    h.put(fresh)
+    h.wait_for("replayed", 2 * B)
+    h.wait_for("updates", fresh // B + 2)
+    time.sleep(0.2)
+    assert h.counters["fresh_batches"] == fresh // B
+    assert h.counters["updates"] >= fresh // B + 2  # the replayed batches trained too
+
+
 def test_no_fragment_is_replayed_after_it_left_the_window(harnesses):
     window, B = 8, 4
     h = harnesses(load_config({**REPLAY_BASE, "replay": {"ratio": 8.0, "window": window}}), FixedModel())
