@@ -39,7 +39,7 @@ from .model import WeightCopy
 from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
 __all__ = ["EPISODE_DTYPE", "ActorLoop", "SyncGate", "Unroll", "actor_seed", "end_with_parent",
-           "fragment_dtype", "run_actor"]
+           "fragment_dtype", "run_actor", "sync_rounds"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
@@ -150,10 +150,13 @@ class ActorLoop:
 
 def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
               episodes: ArrayQueue, counters: Counters, in_process: bool,
-              env_factory: Callable | None = None) -> None:
+              env_factory: Callable | None = None, rounds: Counters | None = None) -> None:
     """Act until the fragment queue is closed. `model` is the shared model: it is read
     (copied into a local one) once per fragment and never written. `env_factory`, when
-    given, makes the environments instead of the config's env section."""
+    given, makes the environments instead of the config's env section. `rounds`
+    (`sync_rounds`) is required with `actors.sync`."""
+    if cfg.actors.sync and rounds is None:
+        raise ValueError("actors.sync needs the run's sync_rounds(...) passed as rounds")
     if in_process:
         # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
         # forked actor also inherits the command line's SIGTERM handler: back to default.
@@ -163,7 +166,8 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         torch.set_num_threads(1)
     envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
     try:
-        _act(envs, model, fragments, episodes, counters, cfg, actor_seed(cfg, actor_id))
+        gate = SyncGate(cfg, counters, rounds, actor_id, fragments) if cfg.actors.sync else None
+        _act(envs, model, fragments, episodes, counters, cfg, actor_seed(cfg, actor_id), gate)
     except Closed:
         pass  # the trainer is stopping
     finally:
@@ -171,12 +175,11 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
 
 
 def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
-         counters: Counters, cfg: Config, seed: int) -> None:
+         counters: Counters, cfg: Config, seed: int, gate: SyncGate | None) -> None:
     local = clone_policy(shared)
     copy_weights = WeightCopy(local, shared)
     loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
     buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment
-    gate = SyncGate(cfg, counters, fragments) if cfg.actors.sync else None
     while True:
         if gate is not None:
             gate.wait()
@@ -187,6 +190,8 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         before_put = time.perf_counter()
         if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
             return  # closed while waiting: the trainer is stopping
+        if gate is not None:
+            gate.put()
         done_at = time.perf_counter()
         counters.add("env_steps", buf.size * loop.T)
         counters.add("queue_puts", len(buf))
@@ -195,38 +200,60 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         counters.add("actor_queue_s", done_at - before_put)
 
 
+def sync_rounds(cfg: Config, fresh_batches: int) -> Counters:
+    """The shared state of synchronous actors (`actors.sync`): each actor's unrolls put
+    so far, in shared memory so that a restarted actor carries on from its predecessor's
+    count, and `start`, the learners' `fresh_batches` when the run (or resume) began.
+    The trainer makes it, hands it to every actor it starts, and closes it."""
+    rounds = Counters(["start", *(f"actor_{i}" for i in range(cfg.actors.num))])
+    rounds.set("start", fresh_batches)
+    return rounds
+
+
 class SyncGate:
     """Synchronous actors (`actors.sync`): each of the N actors acts B / (N x E) unrolls
-    of its E environments per fresh batch of B fragments, then waits until a learner has
-    trained on a fresh batch (the `fresh_batches` counter). The learner takes batch n
+    of its E environments per fresh batch of B fragments (a round), then waits until a
+    learner has trained on a fresh batch (the `fresh_batches` counter). Actor i's u-th
+    unroll (u: its count in `rounds`) belongs to round u // (B / (N x E)), and starts
+    once that many fresh batches are trained since the start. The learner takes batch n
     only once all its fragments are in, and none of batch n + 1's can be acted before
-    batch n's update: every fresh batch is acted by the policy its update starts from.
+    batch n's update: every fresh batch is acted by the policy version its update
+    starts from. (Observation statistics, where the model normalizes them, take in the
+    batch before its first step.)
 
-    An actor that restarts acts a round at once, making up the one its predecessor left
-    unfinished; if that one was partly in, the surplus waits in the queue for the next
-    batch, one update stale (restarts are rare, and nothing waits forever)."""
+    The count is kept in shared memory and added to only once an unroll is in the
+    queue, so an actor that dies mid-round is replaced by one that acts exactly the
+    unrolls it left: no round runs short (a wait forever) or long (a surplus that would
+    make every later batch part stale)."""
 
-    POLL_S = 0.0005
+    # The wait is one update long (tens to hundreds of ms): polls start short and back
+    # off, so that waiting actors take little of the cores the learner is using.
+    FIRST_POLL_S, LONGEST_POLL_S = 0.0002, 0.005
 
-    def __init__(self, cfg: Config, counters: Counters, fragments: ArrayQueue):
+    def __init__(self, cfg: Config, counters: Counters, rounds: Counters, actor_id: int,
+                 fragments: ArrayQueue):
         a = cfg.actors
         self.per_round = cfg.learners.batch_size // (a.num * a.envs_per_actor)
-        self.counters, self.fragments = counters, fragments
-        self.acted = 0  # unrolls in this round
-        self.trained = counters["fresh_batches"]  # when the round began
+        self.counters, self.rounds, self.fragments = counters, rounds, fragments
+        self.name = f"actor_{actor_id}"
 
     def wait(self) -> None:
-        """Return when the next unroll may start; raises Closed if the queue closes
-        while waiting (the trainer is stopping)."""
-        if self.acted == self.per_round:
-            started = time.perf_counter()
-            while self.counters["fresh_batches"] == self.trained:
-                if self.fragments.closed:
-                    raise Closed("the queue closed while the actor waited for an update")
-                time.sleep(self.POLL_S)
-            self.trained, self.acted = self.counters["fresh_batches"], 0
-            self.counters.add("actor_queue_s", time.perf_counter() - started)  # waiting on the learners
-        self.acted += 1
+        """Return when this actor's next unroll may start; raises Closed if the queue
+        closes while it waits (the trainer is stopping)."""
+        due = self.rounds["start"] + self.rounds[self.name] // self.per_round
+        if self.counters["fresh_batches"] >= due:
+            return
+        started, poll = time.perf_counter(), self.FIRST_POLL_S
+        while self.counters["fresh_batches"] < due:
+            if self.fragments.closed:
+                raise Closed("the queue closed while the actor waited for an update")
+            time.sleep(poll)
+            poll = min(2 * poll, self.LONGEST_POLL_S)
+        self.counters.add("actor_sync_s", time.perf_counter() - started)
+
+    def put(self) -> None:
+        """An unroll is in the queue."""
+        self.rounds.add(self.name)
 
 
 def end_with_parent() -> None:

@@ -90,8 +90,8 @@ class ActorsConfig:
     max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
     sync: bool = _f(False, "actors wait for each fresh batch's update before acting again, so every "
                     "batch is acted by the policy its update starts from, as PPO's rollouts (the actors "
-                    "idle while the learner trains); needs learners.batch_size a multiple of actors.num "
-                    "x envs_per_actor, and local actors")
+                    "idle while the learner trains); needs local actors, learners.batch_size a multiple "
+                    "of actors.num x envs_per_actor, one learner and no replay")
 
 
 @dataclass
@@ -492,8 +492,16 @@ def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
     a batch to be a whole number of rounds of every actor's environments."""
     a = cfg.actors
     if not a.sync or {"actors.sync", "actors.num", "actors.envs_per_actor", "actors.mode",
-                      "learners.batch_size"} & bad:
+                      "learners.batch_size", "learners.num", "replay.ratio"} & bad:
         return
+    if cfg.learners.num > 1:
+        problems.append(f"actors.sync: true acts one batch at a time, for one learner; with learners.num "
+                        f"{cfg.learners.num} each would take part of it and wait for the rest forever; "
+                        f"set learners.num to 1, or actors.sync to false")
+    if cfg.replay.ratio:
+        problems.append(f"actors.sync: true trains each batch from the policy that acted it, and "
+                        f"replay.ratio {cfg.replay.ratio} trains replayed batches while the actors act; "
+                        f"set replay.ratio to 0, or actors.sync to false")
     if a.mode == "ray":
         problems.append("actors.sync: true is for local actors, and actors.mode is ray; use actors.mode "
                         "process or thread, or set actors.sync to false")

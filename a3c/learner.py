@@ -467,10 +467,12 @@ class Updater:
             with self.lock:
                 self.obs_norm.update(batch.obs)
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
+        stopped = False
         for epoch in range(cfg.learners.epochs):
             for part, returns in self._pass(batch):
                 if self.stop is not None and self.stop.is_set():
-                    break  # the trainer waits for this learner before its last checkpoint
+                    stopped = True  # the trainer waits for this learner before its last checkpoint
+                    break
                 self.copy_weights()
                 version = counters["policy_version"]
                 loss, loss_stats, targets = compute_loss(local, part, cfg, returns)
@@ -492,7 +494,7 @@ class Updater:
                 self._advance()
                 lag = (version - part.version).float()  # learner version minus the one that acted
                 rows.append(torch.stack([*loss_stats, grad_norm, lag.mean(), lag.max(), finite.float()]))
-        if is_fresh:  # synchronous actors act the next batch once its policy is theirs
+        if is_fresh and not stopped:  # synchronous actors act the next batch once its policy is theirs
             if cfg.actors.sync:
                 self.flush()
             counters.add("fresh_batches")

@@ -28,7 +28,7 @@ import torch
 
 from replay import ArrayQueue, Counters
 
-from .actor import EPISODE_DTYPE, fragment_dtype, run_actor
+from .actor import EPISODE_DTYPE, fragment_dtype, run_actor, sync_rounds
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
@@ -46,7 +46,9 @@ COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_vers
             "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses",
             "fragments_lost", "fresh_batches")
 # Seconds spent, summed over workers: the per-part time profile.
-TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "learner_queue_s", "learner_update_s")
+# actor_sync_s: synchronous actors (actors.sync) waiting for the learner's update.
+TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "actor_sync_s", "learner_queue_s",
+          "learner_update_s")
 _EPISODE_QUEUE = 4096
 _JOIN_TIMEOUT_S = 10.0
 
@@ -167,6 +169,7 @@ class Trainer:
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
         self.replay = replay_buffer(cfg, dtype)
         self.learner_stats = step_queue()
+        self.rounds = sync_rounds(cfg, self.counters["fresh_batches"]) if cfg.actors.sync else None
         sink = monitor = None
         try:
             if cfg.actors.mode == "ray":
@@ -202,6 +205,8 @@ class Trainer:
         with contextlib.ExitStack() as later:  # callbacks run last-registered first
             later.callback(torch.set_num_threads, threads)
             later.callback(self.counters.close)
+            if self.rounds is not None:
+                later.callback(self.rounds.close)
             later.callback(self.learner_stats.close)
             later.callback(self.episodes.close)
             if self.replay is not None:
@@ -256,7 +261,7 @@ class Trainer:
         run_cfg = dataclasses.replace(cfg, seed=cfg.seed + 7919 * self._restarts[i])
         args = (i, run_cfg, self.model, self.fragments, self.episodes, self.counters)
         # A restarted process receives the factory pickled (check_env_factory vouched for it).
-        kwargs = {"env_factory": self.env_factory}
+        kwargs = {"env_factory": self.env_factory, "rounds": self.rounds}
         if cfg.actors.mode == "thread":
             actor = threading.Thread(target=run_actor, args=(*args, False), kwargs=kwargs,
                                      name=f"a3c-actor-{i}", daemon=True)

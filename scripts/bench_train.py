@@ -397,8 +397,8 @@ STABILITY_TASKS = ["cartpole", "acrobot", "lunarlander"]
 CHARTS = {"policy_lag/mean": "policy_lag", "losses/clip_fraction": "clip_fraction",
           "losses/approx_kl": "approx_kl", "losses/explained_variance": "explained_variance"}
 PARTS = {"actor_env_s": "actors: envs.step", "actor_policy_s": "actors: policy work",
-         "actor_queue_s": "actors: waiting in put_many", "learner_update_s": "learner: update",
-         "learner_queue_s": "learner: waiting in get_many"}
+         "actor_queue_s": "actors: waiting in put_many", "actor_sync_s": "actors: waiting for an update",
+         "learner_update_s": "learner: update", "learner_queue_s": "learner: waiting in get_many"}
 
 
 @dataclass

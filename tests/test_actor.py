@@ -11,7 +11,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.actor import EPISODE_DTYPE, fragment_dtype, run_actor
+from a3c.actor import EPISODE_DTYPE, SyncGate, fragment_dtype, run_actor, sync_rounds
 from a3c.config import load_config
 from a3c.model import build_model
 from a3c.runner import COUNTERS, TIMERS
@@ -71,8 +71,10 @@ class ActorRun:
         self.episodes = ArrayQueue(256, EPISODE_DTYPE)
         self.counters = Counters(COUNTERS, TIMERS)
         self.counters.set("policy_version", version)
+        self.rounds = sync_rounds(self.cfg, 0) if sync else None
         self.thread = threading.Thread(target=run_actor, args=(0, self.cfg, self.model, self.fragments,
-                                                               self.episodes, self.counters, False))
+                                                               self.episodes, self.counters, False),
+                                       kwargs={"rounds": self.rounds})
         self.thread.start()
 
     def pop(self, n, timeout=20.0):
@@ -91,6 +93,8 @@ class ActorRun:
         alive = self.thread.is_alive()
         self.episodes.close()
         self.counters.close()
+        if self.rounds is not None:
+            self.rounds.close()
         assert not alive, "the actor did not stop when its queue closed"
 
 
@@ -202,7 +206,36 @@ def test_a_synchronous_actor_acts_one_batch_per_fresh_batch_trained_and_waits_be
     time.sleep(0.5)
     assert run.fragments.qsize() == 0
     assert (first["version"] == 7).all() and (second["version"] == 9).all()
-    assert run.counters["actor_queue_s"] > 0.4  # the wait counts as waiting on the learners
+    assert run.counters["actor_sync_s"] > 0.25  # the wait counts as waiting for an update
+
+
+def test_an_actor_that_replaces_one_dead_mid_round_acts_just_the_unrolls_left():
+    """Rounds of 2 unrolls: the first actor put 1 and died; its replacement (a new gate
+    on the same shared counts) acts 1, then waits for the batch's update."""
+    cfg = load_config({"actors": {"num": 2, "envs_per_actor": 4, "sync": True},
+                       "learners": {"batch_size": 16}})
+    counters = Counters(COUNTERS, TIMERS)
+    rounds = sync_rounds(cfg, counters["fresh_batches"])
+    fragments = ArrayQueue(16, np.dtype([("x", "f4")]))
+    try:
+        first = SyncGate(cfg, counters, rounds, 1, fragments)
+        first.wait()
+        first.put()
+        replacement = SyncGate(cfg, counters, rounds, 1, fragments)
+        replacement.wait()  # the unroll its predecessor left
+        replacement.put()
+        waiting = threading.Thread(target=replacement.wait)
+        waiting.start()
+        waiting.join(0.3)
+        assert waiting.is_alive()  # the round is done: it waits for the update
+        counters.add("fresh_batches")
+        waiting.join(5)
+        assert not waiting.is_alive()
+        assert rounds["actor_1"] == 2 and rounds["actor_0"] == 0
+    finally:
+        fragments.close()
+        rounds.close()
+        counters.close()
 
 
 def test_synchronous_actors_act_each_batch_with_the_policy_its_update_starts_from(tmp_path):

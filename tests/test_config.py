@@ -176,6 +176,16 @@ def test_synchronous_actors_need_a_batch_of_whole_rounds_and_local_actors_with_t
     assert problem.startswith("actors.sync: true is for local actors") and "actors.mode process or thread" in problem
 
 
+def test_synchronous_actors_need_one_learner_and_no_replay_with_the_fix():
+    """Two learners would each take part of a round and wait for the rest forever; a
+    learner replaying while the actors act would move the policy that acts."""
+    learners, replay = problems({"actors": {"sync": True}, "learners": {"num": 2}, "replay": {"ratio": 1.0}})
+    assert learners.startswith("actors.sync: true acts one batch at a time, for one learner; with "
+                               "learners.num 2") and "set learners.num to 1" in learners
+    assert replay.startswith("actors.sync: true trains each batch from the policy that acted it, and "
+                             "replay.ratio 1.0") and "set replay.ratio to 0" in replay
+
+
 @pytest.mark.parametrize("learners, message", [
     ({"minibatch_split": "steps"}, "minibatch_split: steps needs a feedforward model.*split by fragments"),
     ({"bound_coef": 0.1}, "bound_coef: 0.1 needs a feedforward model.*recurrent; set it to 0")])

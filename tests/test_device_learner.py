@@ -161,6 +161,23 @@ def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_mod
     assert len(device.steps.get_many(100, block=False)) == 10  # every step reported
 
 
+def test_with_synchronous_actors_a_device_learner_publishes_each_batch_before_counting_it(runs):
+    """Synchronous actors act once a fresh batch is counted: by then the shared model
+    must be the copy's, though 2 steps a batch do not fill a publish of 3."""
+    def load(sync):
+        return load_config({"learners": {"batch_size": B, "epochs": 2, "minibatches": 1, "publish_every": 3},
+                            "actors": {"num": 1, "envs_per_actor": B, "sync": sync},
+                            "optim": {"lr_schedule": "constant"}})
+
+    run, unsynced = runs(load(True), True), runs(load(False), True)
+    for records in batches(2):
+        run.train(records)
+        unsynced.train(records)
+    assert run.counters["fresh_batches"] == unsynced.counters["fresh_batches"] == 2
+    assert run.counters["policy_version"] == 4 and unsynced.counters["policy_version"] == 3
+    assert_same(run.copy.model.state_dict(), run.shared.state_dict(), "shared")
+
+
 def test_a_non_finite_loss_on_the_device_is_skipped_there_changes_nothing_and_is_counted(runs):
     run = runs(config(), True)
     before = copy.deepcopy(run.copy.model.state_dict())
