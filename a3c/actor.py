@@ -212,19 +212,20 @@ def sync_rounds(cfg: Config, fresh_batches: int) -> Counters:
 
 class SyncGate:
     """Synchronous actors (`actors.sync`): each of the N actors acts B / (N x E) unrolls
-    of its E environments per fresh batch of B fragments (a round), then waits until a
+    of its E environments per fresh batch of B fragments (a round), then waits until the
     learner has trained on a fresh batch (the `fresh_batches` counter). Actor i's u-th
     unroll (u: its count in `rounds`) belongs to round u // (B / (N x E)), and starts
-    once that many fresh batches are trained since the start. The learner takes batch n
-    only once all its fragments are in, and none of batch n + 1's can be acted before
-    batch n's update: every fresh batch is acted by the policy version its update
+    once that many fresh batches are trained since the start. The learner trains on
+    batch n only once all its fragments are in, and none of batch n + 1's can be acted
+    before batch n's update: every fresh batch is acted by the policy version its update
     starts from. (Observation statistics, where the model normalizes them, take in the
     batch before its first step.)
 
     The count is kept in shared memory and added to only once an unroll is in the
-    queue, so an actor that dies mid-round is replaced by one that acts exactly the
-    unrolls it left: no round runs short (a wait forever) or long (a surplus that would
-    make every later batch part stale)."""
+    queue, so an actor that dies mid-round is replaced by one that acts the unrolls it
+    left: no round runs short (a wait forever) or long (a surplus that would make every
+    later batch part stale), short of a death between a put and its count, which leaves
+    one unroll over. (Counting before the put would instead lose one, and wait forever.)"""
 
     # The wait is one update long (tens to hundreds of ms): polls start short and back
     # off, so that waiting actors take little of the cores the learner is using.

@@ -89,7 +89,7 @@ class ActorsConfig:
                             ge=1)
     max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
     sync: bool = _f(False, "actors wait for each fresh batch's update before acting again, so every "
-                    "batch is acted by the policy its update starts from, as PPO's rollouts (the actors "
+                    "batch is acted by the policy version its update starts from, as PPO's rollouts (the actors "
                     "idle while the learner trains); needs local actors, learners.batch_size a multiple "
                     "of actors.num x envs_per_actor, one learner and no replay")
 
@@ -488,8 +488,9 @@ def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: l
 
 
 def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
-    """Synchronous actors act one batch per update between them (a3c.actor), which needs
-    a batch to be a whole number of rounds of every actor's environments."""
+    """Synchronous actors act one batch per update between them (a3c.actor.SyncGate):
+    local actors only, a batch a whole number of rounds of every actor's environments, and
+    one learner that trains on nothing else (no replay)."""
     a = cfg.actors
     if not a.sync or {"actors.sync", "actors.num", "actors.envs_per_actor", "actors.mode",
                       "learners.batch_size", "learners.num", "replay.ratio"} & bad:

@@ -152,6 +152,7 @@ class Trainer:
         self._restarts = [0] * cfg.actors.num
         self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
+        self.rounds: Counters | None = None  # with actors.sync: a3c.actor.sync_rounds
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -169,9 +170,10 @@ class Trainer:
         self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
         self.replay = replay_buffer(cfg, dtype)
         self.learner_stats = step_queue()
-        self.rounds = sync_rounds(cfg, self.counters["fresh_batches"]) if cfg.actors.sync else None
         sink = monitor = None
         try:
+            if cfg.actors.sync:  # from the restored count on a resume: the first round acts at once
+                self.rounds = sync_rounds(cfg, self.counters["fresh_batches"])
             if cfg.actors.mode == "ray":
                 self._start_remote_actors()
             else:

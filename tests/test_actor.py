@@ -238,23 +238,44 @@ def test_an_actor_that_replaces_one_dead_mid_round_acts_just_the_unrolls_left():
         counters.close()
 
 
+SYNC_RUN = {"actors": {"num": 2, "envs_per_actor": 2, "unroll_length": 5, "queue_capacity": 16, "sync": True},
+            "learners": {"batch_size": 8, "epochs": 2, "minibatches": 2}, "total_timesteps": 4_000,
+            "logging": {"progress": False, "interval_s": 0.2}, "checkpoint": {"interval_s": 0}}
+
+
+def assert_on_policy(cfg, counts, sink, runs=1):
+    """Every gradient step's data was acted at most one batch's steps ago (epochs x
+    minibatches - 1 versions; lag 0 at a batch's first step), and the actors never
+    acted more than a batch ahead of the learner (a batch left untrained per run)."""
+    steps_per_batch = cfg.learners.batch_size * cfg.actors.unroll_length
+    assert counts["env_steps"] >= cfg.total_timesteps
+    assert 0 <= counts["env_steps"] - counts["fresh_batches"] * steps_per_batch <= runs * steps_per_batch
+    lag_max = [value for _, value in sink.scalars["policy_lag/max"]]
+    assert lag_max and max(lag_max) <= cfg.learners.epochs * cfg.learners.minibatches - 1
+
+
 def test_synchronous_actors_act_each_batch_with_the_policy_its_update_starts_from(tmp_path):
-    """Actor processes and a learner thread: every gradient step's data was acted at most
-    one batch's steps ago (epochs x minibatches - 1 versions; lag 0 at a batch's first
-    step), and the actors never act more than a batch ahead of the learner."""
+    """Actor processes and a learner thread (assert_on_policy says what is checked)."""
     from a3c.metrics import MemorySink
     from a3c.runner import Trainer
 
-    cfg = load_config({"actors": {"num": 2, "envs_per_actor": 2, "unroll_length": 5, "queue_capacity": 16,
-                                  "sync": True},
-                       "learners": {"batch_size": 8, "epochs": 2, "minibatches": 2}, "total_timesteps": 4_000,
-                       "logging": {"progress": False, "interval_s": 0.2, "run_root": str(tmp_path)},
-                       "checkpoint": {"interval_s": 0}})
+    cfg = load_config({**SYNC_RUN, "logging": {**SYNC_RUN["logging"], "run_root": str(tmp_path)}})
     sink = MemorySink()
     counts = Trainer(cfg, tmp_path / "run", sink=sink).train()
-    steps_per_batch = cfg.learners.batch_size * cfg.actors.unroll_length
-    assert counts["fresh_batches"] >= 4_000 // steps_per_batch - 1
-    assert 0 <= counts["env_steps"] - counts["fresh_batches"] * steps_per_batch <= steps_per_batch
-    lag_max = [value for _, value in sink.scalars["policy_lag/max"]]
-    assert lag_max and max(lag_max) <= cfg.learners.epochs * cfg.learners.minibatches - 1
+    assert_on_policy(cfg, counts, sink)
     assert counts["actor_restarts"] == 0
+
+
+def test_resumed_synchronous_actors_count_their_rounds_from_the_batches_trained_before(tmp_path):
+    """A second learn() carries the counters on: its actors act one round and wait for
+    the update, as in the first, rather than catching up on the rounds trained before."""
+    from a3c.api import A3C
+    from a3c.metrics import MemorySink
+
+    agent = A3C({**SYNC_RUN, "logging": {**SYNC_RUN["logging"], "run_root": str(tmp_path)}})
+    agent.learn(2_000, sink=MemorySink())
+    first = agent.counters
+    sink = MemorySink()
+    agent.learn(2_000, sink=sink)
+    assert first["fresh_batches"] > 0
+    assert_on_policy(agent.config, agent.counters, sink, runs=2)

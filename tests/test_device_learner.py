@@ -169,13 +169,27 @@ def test_with_synchronous_actors_a_device_learner_publishes_each_batch_before_co
                             "actors": {"num": 1, "envs_per_actor": B, "sync": sync},
                             "optim": {"lr_schedule": "constant"}})
 
+    class Watched:  # the counters, looking at the shared model as a fresh batch is counted
+        def __init__(self, counters):
+            self.counters, self.published = counters, []
+
+        def __getitem__(self, name):
+            return self.counters[name]
+
+        def add(self, name, value=1):
+            if name == "fresh_batches":
+                self.published.append(all(torch.equal(a, b) for a, b in zip(
+                    run.copy.model.state_dict().values(), run.shared.state_dict().values(), strict=True)))
+            self.counters.add(name, value)
+
     run, unsynced = runs(load(True), True), runs(load(False), True)
+    run.updater.counters = watched = Watched(run.counters)
     for records in batches(2):
         run.train(records)
         unsynced.train(records)
+    assert watched.published == [True, True]
     assert run.counters["fresh_batches"] == unsynced.counters["fresh_batches"] == 2
     assert run.counters["policy_version"] == 4 and unsynced.counters["policy_version"] == 3
-    assert_same(run.copy.model.state_dict(), run.shared.state_dict(), "shared")
 
 
 def test_a_non_finite_loss_on_the_device_is_skipped_there_changes_nothing_and_is_counted(runs):
