@@ -237,11 +237,12 @@ class SyncGate:
         self.per_round = cfg.learners.batch_size // (a.num * a.envs_per_actor)
         self.counters, self.rounds, self.fragments = counters, rounds, fragments
         self.name = f"actor_{actor_id}"
+        self.start = rounds["start"]  # set once, before any actor starts
 
     def wait(self) -> None:
         """Return when this actor's next unroll may start; raises Closed if the queue
         closes while it waits (the trainer is stopping)."""
-        due = self.rounds["start"] + self.rounds[self.name] // self.per_round
+        due = self.start + self.rounds[self.name] // self.per_round
         if self.counters["fresh_batches"] >= due:
             return
         started, poll = time.perf_counter(), self.FIRST_POLL_S

@@ -337,7 +337,8 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("own-value-torso", "minibatches-2", "ent-0.02", "step-minibatches"),
     ("own-value-torso", "ent-0.02", "step-minibatches"), ("zoo-settings", "step-minibatches"),
     ("own-value-torso", "ent-0.02", "step-minibatches", "queue-32"),
-    ("own-value-torso", "minibatches-2", "ent-0.02", "sync"), ("own-value-torso", "ent-0.02", "step-minibatches", "sync"),
+    ("own-value-torso", "minibatches-2", "ent-0.02", "sync"),
+    ("own-value-torso", "ent-0.02", "step-minibatches", "sync"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
