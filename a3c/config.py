@@ -115,6 +115,11 @@ class LearnersConfig:
                      "the batch's fragments with V-trace's targets computed over the whole batch at "
                      "the start of each pass, as PPO's minibatches (steps: a feedforward model only)",
         choices=("fragments", "steps"))
+    fixed_targets: bool = _f(
+        False, "compute V-trace's targets and advantages once per batch, with the model as it is "
+               "before the first pass, and keep them for every pass, as PPO keeps its advantages for "
+               "all its epochs (false: with the model as it is at each minibatch, or with "
+               "minibatch_split steps at each pass)")
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")

@@ -31,7 +31,7 @@ from .optim import SharedOptimizer, build_optimizer
 from .spaces import Obs, tree_map
 
 __all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
-           "batch_from_fragments", "compute_loss", "evaluate_batch", "mean_excess", "replay_buffer",
+           "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "mean_excess", "replay_buffer",
            "run_learner", "start_learners", "statistics_lock", "step_minibatches", "step_queue",
            "vtrace_returns"]
 
@@ -207,6 +207,14 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
     stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
                       _explained_variance(returns.vs, values.detach()), approx_kl(log_rhos))
     return Loss(loss, stats, returns.vs)
+
+
+def batch_targets(model: torch.nn.Module, batch: Batch, cfg: Config) -> vtrace.VTraceReturns:
+    """V-trace's targets and advantages [T, B] for a batch of whole fragments, from `model`
+    as it is now (without gradient)."""
+    with torch.no_grad():
+        logp, _, values, bootstrap_value = evaluate_batch(model, batch)
+        return vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
 
 
 def vtrace_returns(batch: Batch, log_rhos: torch.Tensor, values: torch.Tensor,
@@ -468,8 +476,12 @@ class Updater:
                 self.obs_norm.update(batch.obs)
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         stopped = False
+        fixed = None  # the targets of every pass (learners.fixed_targets), else each pass's own
+        if cfg.learners.fixed_targets:
+            self.copy_weights()
+            fixed = batch_targets(local, batch, cfg)
         for epoch in range(cfg.learners.epochs):
-            for part, returns in self._pass(batch):
+            for part, returns in self._pass(batch, fixed):
                 if self.stop is not None and self.stop.is_set():
                     stopped = True  # the trainer waits for this learner before its last checkpoint
                     break
@@ -504,13 +516,16 @@ class Updater:
             self._report(torch.stack(rows).cpu().numpy(), is_fresh)
         counters.add("learner_update_s", time.perf_counter() - started)
 
-    def _pass(self, batch: Batch) -> list[tuple[Batch, vtrace.VTraceReturns | None]]:
-        """One pass's minibatches, each with its V-trace targets, or None where its loss
-        computes them (`learners.minibatch_split`)."""
+    def _pass(self, batch: Batch, fixed: vtrace.VTraceReturns | None
+              ) -> list[tuple[Batch, vtrace.VTraceReturns | None]]:
+        """One pass's minibatches (`learners.minibatch_split`), each with its part of the
+        `fixed` targets [T, B] if given, else with its own, or None where its loss computes
+        them."""
         if self.cfg.learners.minibatch_split == "steps":
-            self.copy_weights()  # the targets of the policy as it is now
-            return step_minibatches(self.local, batch, self.cfg)
-        return [(part, None) for part in _minibatches(batch, self.cfg.learners.minibatches)]
+            if fixed is None:
+                self.copy_weights()  # the targets of the policy as it is now
+            return step_minibatches(self.local, batch, self.cfg, fixed)
+        return _minibatches(batch, self.cfg.learners.minibatches, fixed)
 
     def _advance(self) -> None:
         """A gradient step is done: a new policy version, now on the CPU (where it is the
@@ -644,11 +659,13 @@ def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:
                         min_size_to_sample=cfg.learners.batch_size)
 
 
-def _minibatches(batch: Batch, n: int) -> list[Batch]:
+def _minibatches(batch: Batch, n: int, returns: vtrace.VTraceReturns | None = None
+                 ) -> list[tuple[Batch, vtrace.VTraceReturns | None]]:
     """The batch's fragments in `n` random parts of (nearly) equal size, split by
-    fragment, never inside one."""
+    fragment, never inside one, each with its fragments' part of `returns` [T, B] (None
+    without)."""
     if n == 1:
-        return [batch]
+        return [(batch, returns)]
     parts = torch.randperm(batch.reward.shape[1], device=batch.reward.device).tensor_split(n)
 
     def part(name: str, field, idx):  # whole fragments: recurrent unrolls stay intact
@@ -658,11 +675,13 @@ def _minibatches(batch: Batch, n: int) -> list[Batch]:
             return tree_map(lambda t: t[idx], field)
         return tree_map(lambda t: t[:, idx], field)
 
-    return [Batch(*(part(name, field, idx) for name, field in zip(Batch._fields, batch)))
+    return [(Batch(*(part(name, field, idx) for name, field in zip(Batch._fields, batch))),
+             None if returns is None else vtrace.VTraceReturns(*(x[:, idx] for x in returns)))
             for idx in parts]
 
 
-def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config
+def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config,
+                     returns: vtrace.VTraceReturns | None = None
                      ) -> list[tuple[Batch, vtrace.VTraceReturns]]:
     """A pass over `batch` in `learners.minibatches` random parts of single steps drawn
     from all its fragments, as PPO's minibatches are drawn from all over its rollout:
@@ -671,15 +690,15 @@ def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config
     V-trace runs along a fragment, which a part no longer holds, so the targets are
     computed first, over the whole batch, with `model` as it is at the start of the pass
     (PPO computes its advantages before its minibatches too, once per rollout; here once
-    per pass). Each part's advantages are then normalized within it. A feedforward model
-    only: a recurrent one unrolls whole fragments."""
+    per pass), unless given (`returns` [T, B], see `batch_targets`). Each part's
+    advantages are then normalized within it. A feedforward model only: a recurrent one
+    unrolls whole fragments."""
     if batch.state is not None:
         raise ValueError("step_minibatches: a recurrent model's batch is split by fragments "
                          "(learners.minibatch_split: fragments)")
     T, B = batch.reward.shape
-    with torch.no_grad():
-        logp, _, values, bootstrap_value = evaluate_batch(model, batch)
-        returns = vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
+    if returns is None:
+        returns = batch_targets(model, batch, cfg)
 
     def flat(field: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [T * B, ...], copied once a pass
         return field.reshape(T * B, *field.shape[2:])

@@ -237,6 +237,9 @@ STABILITY_VARIANTS = {
     # Synchronous actors: each batch acted by the policy its update starts from (a lag of 0
     # at its first gradient step), as SB3 PPO's rollouts, in place of actors that do not wait.
     "sync": {"actors__sync": True},
+    # V-trace's targets computed once per batch and kept for every pass, as SB3 PPO keeps
+    # its advantages and returns for all its epochs.
+    "fixed-targets": {"learners__fixed_targets": True},
     # SB3 PPO's rollout on LunarLander: 16 k env steps per update (here 256 fragments of 64
     # steps, with zoo-settings' fragments), in 256 minibatches of 64 steps per pass.
     "zoo-rollout": {"learners__batch_size": 256, "actors__queue_capacity": 256, "learners__minibatches": 256},
@@ -340,6 +343,8 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("own-value-torso", "minibatches-2", "ent-0.02", "sync"),
     ("own-value-torso", "ent-0.02", "step-minibatches", "sync"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout"),
+    ("zoo-settings", "step-minibatches", "sync", "zoo-rollout", "fixed-targets"),
+    ("own-value-torso", "minibatches-2", "ent-0.02", "fixed-targets"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
 # What configs/mujoco.yaml may lack on locomotion (`--tasks walker hopper --only a3c ...`).

@@ -15,8 +15,9 @@ from torch.distributions import Categorical
 
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import (STEP_DTYPE, Batch, BatchSource, approx_kl, batch_from_fragments, compute_loss,
-                         evaluate_batch, mean_excess, replay_buffer, run_learner, step_minibatches,
+from a3c import learner
+from a3c.learner import (STEP_DTYPE, Batch, BatchSource, Updater, approx_kl, batch_from_fragments,
+                         batch_targets, compute_loss, evaluate_batch, mean_excess, replay_buffer, run_learner, step_minibatches,
                          step_queue, vtrace_returns, _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
@@ -284,6 +285,44 @@ def test_one_minibatch_of_steps_has_the_loss_of_the_whole_batch():
     ((part, returns),) = step_minibatches(model, batch, cfg)
     assert compute_loss(model, part, cfg, returns).total.item() == pytest.approx(
         compute_loss(model, batch, cfg).total.item(), rel=1e-5)
+
+
+def targets_per_step(batch, split, fixed, monkeypatch):
+    """Train FixedModel on `batch` (3 passes in 2 minibatches of `split`) and return, per
+    gradient step, its value targets by step {obs: vs}, and the targets of the model as
+    it was before the first step, by step."""
+    cfg = config(minibatch_split=split, minibatches=2, epochs=3, fixed_targets=fixed)
+    cfg.optim.lr = 0.05  # steps that move the values enough to move the targets
+    model = FixedModel()
+    before = batch_targets(model, batch, cfg)
+    steps = []
+
+    def recording(*args):
+        loss = compute_loss(*args)
+        steps.append(dict(zip(args[1].obs[..., 0].flatten().tolist(), loss.value_targets.flatten().tolist())))
+        return loss
+
+    monkeypatch.setattr(learner, "compute_loss", recording)
+    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
+    try:
+        Updater(cfg, model, SharedAdam(model.parameters(), cfg.optim.lr), counters, stats).train(batch, True)
+    finally:
+        counters.close()
+        stats.close()
+    assert model.scale.item() != 1.0  # the values moved
+    return steps, dict(zip(batch.obs[..., 0].flatten().tolist(), before.vs.flatten().tolist()))
+
+
+@pytest.mark.parametrize("split", ["fragments", "steps"])
+def test_fixed_targets_are_the_batchs_before_its_first_step_in_every_pass_and_no_longer_without(
+        split, monkeypatch):
+    batch = step_batch()
+    steps, before = targets_per_step(batch, split, True, monkeypatch)
+    assert len(steps) == 6 and sum(map(len, steps)) == 3 * 12  # every step of the batch in each pass
+    for targets in steps:
+        assert targets == pytest.approx({obs: before[obs] for obs in targets})
+    steps, before = targets_per_step(batch, split, False, monkeypatch)
+    assert steps[-1] != pytest.approx({obs: before[obs] for obs in steps[-1]})
 
 
 # A bounded range, a range 4 wide off zero, and an unbounded dimension.
