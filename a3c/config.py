@@ -113,7 +113,8 @@ class LearnersConfig:
     minibatch_split: str = _f(
         "fragments", "what a minibatch is made of: whole fragments, or single steps drawn from all "
                      "the batch's fragments with V-trace's targets computed over the whole batch at "
-                     "the start of each pass, as PPO's minibatches (steps: a feedforward model only)",
+                     "the start of each pass (or once, fixed_targets), as PPO's minibatches (steps: a "
+                     "feedforward model only)",
         choices=("fragments", "steps"))
     fixed_targets: bool = _f(
         False, "compute V-trace's targets and advantages once per batch, with the model as it is "

@@ -172,7 +172,8 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
     policy mu, whose data may be a few updates old).
 
     The targets come from the same forward pass as the loss, or, given `returns` (a
-    minibatch of steps, see `step_minibatches`), were computed beforehand."""
+    minibatch of steps, see `step_minibatches`, or any minibatch with
+    `learners.fixed_targets`, see `batch_targets`), were computed beforehand."""
     bound = cfg.learners.bound_coef  # a feedforward Gaussian policy (checked when a run starts)
     logp, entropy, values, bootstrap_value, *params = evaluate_batch(model, batch, with_params=bool(bound))
     log_rhos = logp.detach() - batch.logp  # log pi/mu, [T, B]
@@ -476,8 +477,8 @@ class Updater:
                 self.obs_norm.update(batch.obs)
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         stopped = False
-        fixed = None  # the targets of every pass (learners.fixed_targets), else each pass's own
-        if cfg.learners.fixed_targets:
+        fixed = None  # the targets of every pass (learners.fixed_targets), else each pass's or minibatch's own
+        if cfg.learners.fixed_targets and cfg.learners.epochs * cfg.learners.minibatches > 1:
             self.copy_weights()
             fixed = batch_targets(local, batch, cfg)
         for epoch in range(cfg.learners.epochs):
@@ -688,11 +689,11 @@ def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config,
     each a Batch [1, N] without bootstrap observations, with its V-trace targets [1, N].
 
     V-trace runs along a fragment, which a part no longer holds, so the targets are
-    computed first, over the whole batch, with `model` as it is at the start of the pass
-    (PPO computes its advantages before its minibatches too, once per rollout; here once
-    per pass), unless given (`returns` [T, B], see `batch_targets`). Each part's
-    advantages are then normalized within it. A feedforward model only: a recurrent one
-    unrolls whole fragments."""
+    computed first, over the whole batch, with `model` as it is at the start of the pass,
+    unless given (`returns` [T, B], see `batch_targets`). PPO computes its advantages
+    before its minibatches too, once per rollout. Each part's advantages are then
+    normalized within it. A feedforward model only: a recurrent one unrolls whole
+    fragments."""
     if batch.state is not None:
         raise ValueError("step_minibatches: a recurrent model's batch is split by fragments "
                          "(learners.minibatch_split: fragments)")

@@ -13,12 +13,12 @@ import torch.nn as nn
 from gymnasium import spaces
 from torch.distributions import Categorical
 
+from a3c import learner
 from a3c.actor import fragment_dtype
 from a3c.config import load_config
-from a3c import learner
 from a3c.learner import (STEP_DTYPE, Batch, BatchSource, Updater, approx_kl, batch_from_fragments,
-                         batch_targets, compute_loss, evaluate_batch, mean_excess, replay_buffer, run_learner, step_minibatches,
-                         step_queue, vtrace_returns, _explained_variance)
+                         batch_targets, compute_loss, evaluate_batch, mean_excess, replay_buffer, run_learner,
+                         step_minibatches, step_queue, vtrace_returns, _explained_variance)
 from a3c.model import build_model
 from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
 from a3c.runner import COUNTERS, TIMERS
@@ -288,29 +288,38 @@ def test_one_minibatch_of_steps_has_the_loss_of_the_whole_batch():
 
 
 def targets_per_step(batch, split, fixed, monkeypatch):
-    """Train FixedModel on `batch` (3 passes in 2 minibatches of `split`) and return, per
-    gradient step, its value targets by step {obs: vs}, and the targets of the model as
-    it was before the first step, by step."""
+    """Train FixedModel on `batch` (3 passes in 2 minibatches of `split`), whose shared
+    parameters moved after its learner copied them, and return per gradient step its value
+    targets by step {obs: vs}, its policy loss, and the policy loss on the advantages of
+    the shared model before the first step; with those targets by step."""
     cfg = config(minibatch_split=split, minibatches=2, epochs=3, fixed_targets=fixed)
     cfg.optim.lr = 0.05  # steps that move the values enough to move the targets
     model = FixedModel()
+    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
+    updater = Updater(cfg, model, SharedAdam(model.parameters(), cfg.optim.lr), counters, stats)
+    with torch.no_grad():
+        model.scale.fill_(1.5)  # another learner's step: the targets are the shared model's
     before = batch_targets(model, batch, cfg)
+    vs, advantages = (dict(zip(batch.obs[..., 0].flatten().tolist(), x.flatten().tolist()))
+                      for x in (before.vs, before.pg_advantages))
     steps = []
 
-    def recording(*args):
-        loss = compute_loss(*args)
-        steps.append(dict(zip(args[1].obs[..., 0].flatten().tolist(), loss.value_targets.flatten().tolist())))
+    def recording(local, part, cfg, returns=None):
+        loss = compute_loss(local, part, cfg, returns)
+        obs = part.obs[..., 0].flatten().tolist()
+        logp = evaluate_batch(local, part)[0].detach().flatten()  # IMPALA's loss, advantages as they are:
+        expected = -(logp * torch.tensor([advantages[o] for o in obs])).mean().item()
+        steps.append((dict(zip(obs, loss.value_targets.flatten().tolist())), loss.stats.policy.item(), expected))
         return loss
 
     monkeypatch.setattr(learner, "compute_loss", recording)
-    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
     try:
-        Updater(cfg, model, SharedAdam(model.parameters(), cfg.optim.lr), counters, stats).train(batch, True)
+        updater.train(batch, True)
     finally:
         counters.close()
         stats.close()
-    assert model.scale.item() != 1.0  # the values moved
-    return steps, dict(zip(batch.obs[..., 0].flatten().tolist(), before.vs.flatten().tolist()))
+    assert model.scale.item() != 1.5  # the values moved
+    return steps, vs
 
 
 @pytest.mark.parametrize("split", ["fragments", "steps"])
@@ -318,11 +327,14 @@ def test_fixed_targets_are_the_batchs_before_its_first_step_in_every_pass_and_no
         split, monkeypatch):
     batch = step_batch()
     steps, before = targets_per_step(batch, split, True, monkeypatch)
-    assert len(steps) == 6 and sum(map(len, steps)) == 3 * 12  # every step of the batch in each pass
-    for targets in steps:
+    assert len(steps) == 6 and sum(len(targets) for targets, *_ in steps) == 3 * 12  # each step once a pass
+    for targets, policy, expected in steps:
         assert targets == pytest.approx({obs: before[obs] for obs in targets})
+        assert policy == pytest.approx(expected, rel=1e-5)
     steps, before = targets_per_step(batch, split, False, monkeypatch)
-    assert steps[-1] != pytest.approx({obs: before[obs] for obs in steps[-1]})
+    targets, policy, expected = steps[-1]
+    assert targets != pytest.approx({obs: before[obs] for obs in targets})
+    assert policy != pytest.approx(expected, rel=1e-5)
 
 
 # A bounded range, a range 4 wide off zero, and an unbounded dimension.
