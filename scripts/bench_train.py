@@ -247,9 +247,6 @@ STABILITY_VARIANTS = {
     # so that the targets bootstrap at a rollout's end, not every 64 steps.
     "zoo-rollout-1024": {"actors__unroll_length": 1024, "learners__batch_size": 16, "actors__queue_capacity": 16,
                          "learners__minibatches": 256},
-    # SB3's value loss: vf_coef times the mean squared error, where this trainer's is
-    # vf_coef times half of it.
-    "sb3-value-loss": {"learners__vf_coef": 1.0},
     # Torsos of 128 units, twice the defaults' width, for a policy whose return is still
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
@@ -351,8 +348,8 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("own-value-torso", "ent-0.02", "step-minibatches", "sync"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout", "fixed-targets"),
-    *(("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets", *more) for more in
-      ((), ("sb3-value-loss",))),
+    ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024"),
+    ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets"),
     ("own-value-torso", "minibatches-2", "ent-0.02", "fixed-targets"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
