@@ -291,9 +291,11 @@ STABILITY_VARIANTS = {
 # learner that cannot keep up) and of zoo-settings. Then sync, actors that wait for each
 # update (data acted by the policy its update starts from, as SB3 PPO's), on top of
 # ent-0.02 in 2 minibatches of fragments and in 8 of steps, and with zoo-rollout on top of
-# zoo-settings and step-minibatches: SB3 PPO's LunarLander settings as near as this
-# trainer has them. Only ent-0.02 held both seeds, and not 10 M steps on all five; the
-# results are in docs/benchmarks.md ("Ten times the budget").
+# zoo-settings and step-minibatches. Then fixed-targets, SB3's targets kept for every pass,
+# on that and on ent-0.02 in 2 minibatches, and zoo-rollout-1024, SB3's rollout acted 1 024
+# steps in a row, with fixed-targets (and one seed without): SB3 PPO's LunarLander recipe,
+# the only setting that held every seed it ran; the results are in docs/benchmarks.md
+# ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
