@@ -307,7 +307,7 @@ def targets_per_step(batch, split, fixed, monkeypatch):
     def recording(local, part, cfg, returns=None):
         loss = compute_loss(local, part, cfg, returns)
         obs = part.obs[..., 0].flatten().tolist()
-        logp = evaluate_batch(local, part)[0].detach().flatten()  # IMPALA's loss, advantages as they are:
+        logp = evaluate_batch(local, part)[0].detach().flatten()  # config(): IMPALA's loss, raw advantages
         expected = -(logp * torch.tensor([advantages[o] for o in obs])).mean().item()
         steps.append((dict(zip(obs, loss.value_targets.flatten().tolist())), loss.stats.policy.item(), expected))
         return loss
