@@ -1,0 +1,79 @@
+"""LunarLander-v3 through configs/lunarlander.yaml, SB3 PPO's recipe for it as this trainer
+runs it: the config is the setting whose runs docs/benchmarks.md reports, and a short run
+goes through actors, learner, checkpoint and evaluation (default suite); at its constant
+rate the config lands and keeps landing to the end of its budget (slow:
+python -m pytest -m slow tests/test_lunarlander.py)."""
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from a3c import A3C
+from a3c.api import evaluate
+from a3c.config import config_to_dict, load_config
+from a3c.metrics import MemorySink
+from conftest import WINDOW, means
+
+needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
+                                 reason='Box2D is not installed: pip install -e ".[box2d]"')
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "configs" / "lunarlander.yaml"
+# scripts/bench_train.py's name for the setting: the dataclass defaults with the variant's
+# changes (should the defaults change, the variant no longer names this config, and this test says so).
+MEASURED = "constant-lr-zoo-settings-step-minibatches-sync-zoo-rollout-1024-fixed-targets"
+
+
+def test_the_config_is_the_setting_the_benchmark_measured(monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    from bench_train import VARIANTS
+
+    changes = {key.replace("__", "."): value for key, value in VARIANTS[MEASURED].items()}
+    measured = config_to_dict(load_config({"env": {"id": "LunarLander-v3"}}, changes))
+    shipped = config_to_dict(load_config(CONFIG))
+    # The run's name, and its budget: at a constant rate a shorter run is the first part of
+    # a longer one, and the benchmark's ran 3 M steps and 10 M.
+    assert shipped.pop("total_timesteps") <= 3_000_000
+    del measured["total_timesteps"], measured["name"], shipped["name"]
+    assert shipped == measured
+
+
+@needs_box2d
+@pytest.mark.usefixtures("stop_the_fork_server")
+def test_a_short_run_trains_checkpoints_and_evaluates(tmp_path):
+    sink = MemorySink()
+    cfg = load_config(CONFIG)
+    batch = cfg.learners.batch_size * cfg.actors.unroll_length  # 16 environments x 1 024 steps
+    # One step past the first batch: synchronous actors act the second only after its update.
+    agent = A3C(str(CONFIG), total_timesteps=batch + 1, logging__run_root=str(tmp_path),
+                logging__progress=False, checkpoint__interval_s=0).learn(sink=sink)
+    assert agent.num_timesteps > batch and agent.counters["updates"] >= 1
+    assert sink.scalars.get("charts/episodic_return"), "no LunarLander episode ended"
+    loaded = A3C.load(agent.run_dir)
+    assert loaded.num_timesteps == agent.num_timesteps
+    returns = evaluate(loaded.model, loaded.config, episodes=2)
+    assert returns.shape == (2,) and np.isfinite(returns).all()
+    action, _ = loaded.predict(np.zeros(8, np.float32))
+    assert int(action) in range(4)
+
+
+@pytest.mark.slow
+@needs_box2d
+@pytest.mark.usefixtures("stop_the_fork_server")
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_the_config_lands_and_keeps_landing_to_the_end_of_its_budget(seed, tmp_path):
+    """At the config's constant rate for its whole budget, the last-100 mean reaches 200,
+    never falls below 190 after, and ends at 200 or more."""
+    sink = MemorySink()
+    agent = A3C(str(CONFIG), seed=seed, logging__run_root=str(tmp_path), logging__progress=False,
+                checkpoint__interval_s=0).learn(sink=sink)
+    curve = list(means(sink.scalars["charts/episodic_return"]))
+    first = next((i for i, (_, mean) in enumerate(curve) if mean >= 200), None)
+    assert first is not None, f"seed {seed}: never reached 200 in {agent.num_timesteps} env steps"
+    low_step, lowest = min(curve[first:], key=lambda point: point[1])
+    print(f"\nlunarlander seed {seed}, {agent.num_timesteps} env steps: reached 200 at step "
+          f"{curve[first][0]}; lowest last-{WINDOW} mean after that {lowest:.1f} (step {low_step}); "
+          f"final {curve[-1][1]:.1f}")
+    assert lowest >= 190, f"seed {seed}: fell to a last-{WINDOW} mean of {lowest:.1f} at step {low_step}"
+    assert curve[-1][1] >= 200, f"seed {seed}: ended at {curve[-1][1]:.1f}"
