@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -168,3 +169,27 @@ def means(episodes):
         window.append(ret)
         if len(window) == WINDOW:
             yield step, sum(window) / WINDOW
+
+
+@dataclass
+class Hold:
+    """How a run held a threshold: the env step its last-WINDOW mean first reached it, the
+    lowest mean from then on and its env step, and the final mean."""
+    reached_at: int
+    lowest: float
+    lowest_at: int
+    final: float
+
+    def __str__(self) -> str:
+        return (f"reached at step {self.reached_at}; lowest last-{WINDOW} mean after that "
+                f"{self.lowest:.1f} (step {self.lowest_at}); final {self.final:.1f}")
+
+
+def hold(episodes, threshold) -> Hold | None:
+    """How the run of `episodes` (as for `means`) held `threshold`; None if it never reached it."""
+    curve = list(means(episodes))
+    first = next((i for i, (_, mean) in enumerate(curve) if mean >= threshold), None)
+    if first is None:
+        return None
+    lowest_at, lowest = min(curve[first:], key=lambda point: point[1])
+    return Hold(curve[first][0], lowest, lowest_at, curve[-1][1])

@@ -11,7 +11,7 @@ import pytest
 from a3c import A3C
 from a3c.metrics import MemorySink
 
-from conftest import WINDOW, means
+from conftest import WINDOW, hold, means
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # actors come from the fork server
 
@@ -64,15 +64,12 @@ def test_cartpole_at_a_constant_learning_rate_stays_solved(seed, tmp_path):
     episodes, agent = train("cartpole", seed, tmp_path, optim__lr_schedule="constant",
                             total_timesteps=1_000_000)
     assert agent.num_timesteps >= 1_000_000
-    curve = list(means(episodes))
-    first = next((i for i, (_, mean) in enumerate(curve) if mean >= TASKS["cartpole"]), None)
-    assert first is not None, f"seed {seed}: never reached {TASKS['cartpole']}"
-    low_step, lowest = min(curve[first:], key=lambda point: point[1])
-    print(f"\ncartpole seed {seed}, constant rate, {agent.num_timesteps} env steps: reached "
-          f"{TASKS['cartpole']:.0f} at step {curve[first][0]}; lowest last-{WINDOW} mean after that "
-          f"{lowest:.1f} (step {low_step}); final {curve[-1][1]:.1f}")
-    assert lowest >= 400, f"seed {seed}: fell to a last-{WINDOW} mean of {lowest:.1f} at step {low_step}"
-    assert curve[-1][1] >= TASKS["cartpole"], f"seed {seed}: ended at {curve[-1][1]:.1f}"
+    held = hold(episodes, TASKS["cartpole"])
+    assert held is not None, f"seed {seed}: never reached {TASKS['cartpole']}"
+    print(f"\ncartpole seed {seed}, constant rate, {agent.num_timesteps} env steps: {held}")
+    assert held.lowest >= 400, \
+        f"seed {seed}: fell to a last-{WINDOW} mean of {held.lowest:.1f} at step {held.lowest_at}"
+    assert held.final >= TASKS["cartpole"], f"seed {seed}: ended at {held.final:.1f}"
 
 
 @pytest.mark.slow

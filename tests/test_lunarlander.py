@@ -13,7 +13,7 @@ from a3c import A3C
 from a3c.api import evaluate
 from a3c.config import config_to_dict, load_config
 from a3c.metrics import MemorySink
-from conftest import WINDOW, means
+from conftest import WINDOW, hold
 
 needs_box2d = pytest.mark.skipif(importlib.util.find_spec("Box2D") is None,
                                  reason='Box2D is not installed: pip install -e ".[box2d]"')
@@ -68,12 +68,9 @@ def test_the_config_lands_and_keeps_landing_to_the_end_of_its_budget(seed, tmp_p
     sink = MemorySink()
     agent = A3C(str(CONFIG), seed=seed, logging__run_root=str(tmp_path), logging__progress=False,
                 checkpoint__interval_s=0).learn(sink=sink)
-    curve = list(means(sink.scalars["charts/episodic_return"]))
-    first = next((i for i, (_, mean) in enumerate(curve) if mean >= 200), None)
-    assert first is not None, f"seed {seed}: never reached 200 in {agent.num_timesteps} env steps"
-    low_step, lowest = min(curve[first:], key=lambda point: point[1])
-    print(f"\nlunarlander seed {seed}, {agent.num_timesteps} env steps: reached 200 at step "
-          f"{curve[first][0]}; lowest last-{WINDOW} mean after that {lowest:.1f} (step {low_step}); "
-          f"final {curve[-1][1]:.1f}")
-    assert lowest >= 190, f"seed {seed}: fell to a last-{WINDOW} mean of {lowest:.1f} at step {low_step}"
-    assert curve[-1][1] >= 200, f"seed {seed}: ended at {curve[-1][1]:.1f}"
+    held = hold(sink.scalars.get("charts/episodic_return", []), 200)
+    assert held is not None, f"seed {seed}: never reached 200 in {agent.num_timesteps} env steps"
+    print(f"\nlunarlander seed {seed}, {agent.num_timesteps} env steps: {held}")
+    assert held.lowest >= 190, \
+        f"seed {seed}: fell to a last-{WINDOW} mean of {held.lowest:.1f} at step {held.lowest_at}"
+    assert held.final >= 200, f"seed {seed}: ended at {held.final:.1f}"
