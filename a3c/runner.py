@@ -153,6 +153,9 @@ class Trainer:
         self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
         self.rounds: Counters | None = None  # with actors.sync: a3c.actor.sync_rounds
+        # Made by train(): the fragment and episode queues, the replay buffer (with
+        # replay.ratio > 0) and the learners' step statistics.
+        self.fragments = self.episodes = self.replay = self.learner_stats = None
 
     # ---- the run ---------------------------------------------------------------------
 
@@ -162,16 +165,16 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
-        env = make_env(cfg.env, env_factory=self.env_factory)
-        dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length,
-                               getattr(self.model, "state_size", 0))
-        env.close()
-        self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
-        self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
-        self.replay = replay_buffer(cfg, dtype)
-        self.learner_stats = step_queue()
         sink = monitor = None
-        try:
+        try:  # whatever fails, `_shutdown` releases what was made (counters included)
+            env = make_env(cfg.env, env_factory=self.env_factory)
+            dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length,
+                                   getattr(self.model, "state_size", 0))
+            env.close()
+            self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
+            self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
+            self.replay = replay_buffer(cfg, dtype)
+            self.learner_stats = step_queue()
             if cfg.actors.sync:  # from the restored count on a resume: the first round acts at once
                 self.rounds = sync_rounds(cfg, self.counters["fresh_batches"])
             if cfg.actors.mode == "ray":
@@ -203,16 +206,14 @@ class Trainer:
         as soon as no learner updates. Every later step runs even if one fails (or a
         second Ctrl-C arrives), so nothing is left behind."""
         self.learners.stop.set()
-        self.fragments.close()
+        if self.fragments is not None:
+            self.fragments.close()
         with contextlib.ExitStack() as later:  # callbacks run last-registered first
             later.callback(torch.set_num_threads, threads)
             later.callback(self.counters.close)
-            if self.rounds is not None:
-                later.callback(self.rounds.close)
-            later.callback(self.learner_stats.close)
-            later.callback(self.episodes.close)
-            if self.replay is not None:
-                later.callback(self.replay.close)
+            for made in (self.rounds, self.learner_stats, self.episodes, self.replay):
+                if made is not None:  # None: not needed, or `train` failed before making it
+                    later.callback(made.close)
             if sink is not None and self._sink is None:
                 later.callback(sink.close)
             if monitor is not None:
@@ -226,8 +227,9 @@ class Trainer:
                 if learner.is_alive():  # stuck: a checkpoint without its last update is fine
                     learner.kill()
                     learner.join()
-            self.save(latest_checkpoint(self.run_dir))
-            self.saved = True
+            if self.learners.workers:  # else train failed while starting: nothing was learned
+                self.save(latest_checkpoint(self.run_dir))
+                self.saved = True
 
     def _supervise(self) -> None:
         cfg = self.cfg

@@ -24,9 +24,11 @@ from a3c import A3C as Agent
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
+from a3c import runner
 from a3c.runner import Trainer
 
-from conftest import A3C_CLI, assert_one_line_error, descendants, own_process_group, running, segments_of
+from conftest import (A3C_CLI, assert_one_line_error, descendants, own_process_group, own_segments, running,
+                      segments_of)
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
@@ -354,6 +356,27 @@ def test_a_write_cut_short_leaves_a_temporary_file_that_the_leftover_check_finds
                        timeout=60)
     assert len(os.listdir(tmp_path)) == 2 and not (tmp_path / "checkpoint.pt").exists()
     assert sorted(leftover_temporary_files(tmp_path)) == sorted(os.listdir(tmp_path))
+
+
+# ------------------------------------------------------------- a run that fails as it starts
+def test_a_run_that_fails_while_starting_releases_what_it_made_and_writes_no_checkpoint(tmp_path, monkeypatch):
+    """/dev/shm full, say, after the queues and the replay buffer were made: the error
+    reaches the caller, and the run itself (not the garbage collector, nor the exit hook:
+    the trainer still holds every object) removes each segment and restores torch's threads."""
+    cfg = load_config(CONFIG, [*TINY, "replay.ratio=1", f"logging.run_root={tmp_path}"])
+    trainer = Trainer(cfg, tmp_path / "run", sink=MemorySink())
+    before, threads = own_segments(), torch.get_num_threads()
+
+    def no_space(*_):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(runner, "step_queue", no_space)
+    with pytest.raises(OSError, match="No space left"):
+        trainer.train()
+    assert trainer.fragments.closed and trainer.episodes.closed and trainer.replay is not None
+    assert own_segments() == before - {trainer.counters._segment.name}  # the counters closed too
+    assert torch.get_num_threads() == threads
+    assert not trainer.saved and not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
 # ------------------------------------------------------------------------- a killed actor
