@@ -250,6 +250,11 @@ STABILITY_VARIANTS = {
     # Torsos of 128 units, twice the defaults' width, for a policy whose return is still
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
+    # The defaults' normalizations put back into SB3's recipe: running observation
+    # statistics and PopArt's value scale.
+    "obs-norm-popart": {"model__normalize_obs": True, "model__normalize_value": True},
+    # The defaults' horizon put back into SB3's recipe: gamma 0.99 and V-trace's lambda of 1.
+    "default-horizon": {"learners__gamma": 0.99, "vtrace__td_lambda": 1.0},
 }
 # LunarLander at a constant rate (the bar), with one of the changes above each; each fell
 # below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01,
@@ -295,7 +300,9 @@ STABILITY_VARIANTS = {
 # on that and on ent-0.02 in 2 minibatches, and zoo-rollout-1024, SB3's rollout acted 1 024
 # steps in a row, with fixed-targets (and one seed without): SB3 PPO's LunarLander recipe,
 # which held 6 runs of 7 (the seventh's lowest, 199.8, came at its first crossing), shipped
-# as configs/lunarlander.yaml; the results are in docs/benchmarks.md ("Ten times the budget").
+# as configs/lunarlander.yaml. Then, one each put back into that recipe, the defaults'
+# normalizations (obs-norm-popart: 1 of 2 fell) and horizon (default-horizon: 2 of 2 held,
+# landing twice as late). The results are in docs/benchmarks.md ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
@@ -352,6 +359,8 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout", "fixed-targets"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets"),
+    *(("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets", name) for name in
+      ("obs-norm-popart", "default-horizon")),
     ("own-value-torso", "minibatches-2", "ent-0.02", "fixed-targets"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
