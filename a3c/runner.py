@@ -162,11 +162,11 @@ class Trainer:
     def train(self) -> dict:
         """Train until `total_timesteps` env steps; return the final counters."""
         cfg = self.cfg
-        self.run_dir.mkdir(parents=True, exist_ok=True)
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
         sink = monitor = None
         try:  # whatever fails, `_shutdown` releases what was made (counters included)
+            self.run_dir.mkdir(parents=True, exist_ok=True)
             env = make_env(cfg.env, env_factory=self.env_factory)
             dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length,
                                    getattr(self.model, "state_size", 0))
