@@ -251,7 +251,7 @@ STABILITY_VARIANTS = {
     # uneven as it first lands.
     "hidden-128": {"model__hidden_sizes": [128, 128]},
     # The defaults' normalizations put back into SB3's recipe: running observation
-    # statistics and PopArt's value scale.
+    # statistics and PopArt's value scale (with the recipe's value-scale floor, 0.001).
     "obs-norm-popart": {"model__normalize_obs": True, "model__normalize_value": True},
     # The defaults' horizon put back into SB3's recipe: gamma 0.99 and V-trace's lambda of 1.
     "default-horizon": {"learners__gamma": 0.99, "vtrace__td_lambda": 1.0},
