@@ -255,6 +255,8 @@ STABILITY_VARIANTS = {
     "obs-norm-popart": {"model__normalize_obs": True, "model__normalize_value": True},
     # The defaults' horizon put back into SB3's recipe: gamma 0.99 and V-trace's lambda of 1.
     "default-horizon": {"learners__gamma": 0.99, "vtrace__td_lambda": 1.0},
+    # The defaults' one torso for policy and value put back into SB3's recipe.
+    "shared-torso": {"model__shared_torso": True},
 }
 # LunarLander at a constant rate (the bar), with one of the changes above each; each fell
 # below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01,
@@ -300,9 +302,9 @@ STABILITY_VARIANTS = {
 # on that and on ent-0.02 in 2 minibatches, and zoo-rollout-1024, SB3's rollout acted 1 024
 # steps in a row, with fixed-targets (and one seed without): SB3 PPO's LunarLander recipe,
 # which held 6 runs of 7 (the seventh's lowest, 199.8, came at its first crossing), shipped
-# as configs/lunarlander.yaml. Then, one each put back into that recipe, the defaults'
-# normalizations (obs-norm-popart: 1 of 2 fell) and horizon (default-horizon: 2 of 2 held,
-# landing twice as late). The results are in docs/benchmarks.md ("Ten times the budget").
+# as configs/lunarlander.yaml (its slow test held 3 seeds of 3 more). Then, one each put back into that recipe, the defaults'
+# normalizations (obs-norm-popart: 1 of 2 fell), horizon (default-horizon: 2 of 2 held,
+# landing twice as late) and shared torso (shared-torso: 1 of 2 landed in 2 M steps, late). The results are in docs/benchmarks.md ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
@@ -360,7 +362,7 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024"),
     ("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets"),
     *(("zoo-settings", "step-minibatches", "sync", "zoo-rollout-1024", "fixed-targets", name) for name in
-      ("obs-norm-popart", "default-horizon")),
+      ("obs-norm-popart", "default-horizon", "shared-torso")),
     ("own-value-torso", "minibatches-2", "ent-0.02", "fixed-targets"),
     *(("own-value-torso", "minibatches-2", "ent-0.01", name) for name in
       ("policy-lr-5e-4", "zoo-horizon", "unroll-32")))}
