@@ -302,9 +302,11 @@ STABILITY_VARIANTS = {
 # on that and on ent-0.02 in 2 minibatches, and zoo-rollout-1024, SB3's rollout acted 1 024
 # steps in a row, with fixed-targets (and one seed without): SB3 PPO's LunarLander recipe,
 # which held 6 runs of 7 (the seventh's lowest, 199.8, came at its first crossing), shipped
-# as configs/lunarlander.yaml (its slow test held 3 seeds of 3 more). Then, one each put back into that recipe, the defaults'
-# normalizations (obs-norm-popart: 1 of 2 fell), horizon (default-horizon: 2 of 2 held,
-# landing twice as late) and shared torso (shared-torso: 1 of 2 landed in 2 M steps, late). The results are in docs/benchmarks.md ("Ten times the budget").
+# as configs/lunarlander.yaml (its slow test held 3 seeds of 3 more). Then, one each put
+# back into that recipe, the defaults' normalizations (obs-norm-popart: 1 of 2 fell),
+# horizon (default-horizon: 2 of 2 held, landing twice as late) and shared torso
+# (shared-torso: 1 of 2 landed in 2 M steps, late). The results are in
+# docs/benchmarks.md ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 

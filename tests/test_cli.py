@@ -21,10 +21,10 @@ import torch
 import yaml
 
 from a3c import A3C as Agent
+from a3c import runner
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
-from a3c import runner
 from a3c.runner import Trainer
 
 from conftest import (A3C_CLI, assert_one_line_error, descendants, own_process_group, own_segments, running,
