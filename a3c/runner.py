@@ -181,7 +181,9 @@ class Trainer:
                 self._start_remote_actors()
             else:
                 # Actors first: while this process runs one thread they can be forked directly.
-                self._actors = [self._start_actor(i) for i in range(cfg.actors.num)]
+                # Each kept as it starts, so that `_shutdown` joins them if a later one fails.
+                for i in range(cfg.actors.num):
+                    self._actors.append(self._start_actor(i))
             if torch.device(cfg.learners.device).type != "cpu":  # after the actors' fork
                 self.device_copy = DeviceCopy(cfg, self.model, self.optimizer)
             self.learners = start_learners(

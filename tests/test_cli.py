@@ -379,6 +379,28 @@ def test_a_run_that_fails_while_starting_releases_what_it_made_and_writes_no_che
     assert not trainer.saved and not (tmp_path / "run" / "checkpoint.pt").exists()
 
 
+def test_an_actor_that_fails_to_start_leaves_none_of_the_ones_started_before_it_running(tmp_path, monkeypatch):
+    """A fork that fails for the second actor process (out of memory, say): the first,
+    already acting, is stopped and joined before the error reaches the caller (for
+    learners: tests/test_learner_processes.py)."""
+    cfg = load_config(CONFIG, [*TINY, "actors.mode=process", f"logging.run_root={tmp_path}"])
+    trainer = Trainer(cfg, tmp_path / "run", sink=MemorySink())
+    start, started = mp.process.BaseProcess.start, []
+
+    def start_only_the_first(process):
+        if process.name == "a3c-actor-1":
+            raise OSError(12, "Cannot allocate memory")
+        start(process)
+        started.append(process)
+
+    monkeypatch.setattr(mp.process.BaseProcess, "start", start_only_the_first)
+    with pytest.raises(OSError, match="Cannot allocate memory"):
+        trainer.train()
+    assert [process.name for process in started] == ["a3c-actor-0"]
+    assert started[0].exitcode is not None  # ended before the error reached the caller
+    assert not trainer.saved
+
+
 # ------------------------------------------------------------------------- a killed actor
 def test_a_killed_actor_process_is_restarted_and_the_run_finishes(tmp_path):
     cfg = load_config(CONFIG, [*TINY, "actors.mode=process", "actors.num=1", "total_timesteps=6000",

@@ -111,6 +111,33 @@ def one_torch_thread():
     torch.set_num_threads(threads)
 
 
+def test_a_learner_process_that_fails_to_start_leaves_none_started_before_it_running(monkeypatch):
+    """A fork that fails for the second learner (out of memory, say): `start_learners`
+    raises with the first already ended, since its caller never gets it to stop."""
+    model = tiny_model()
+    model.share_memory()
+    fragments = ArrayQueue(CFG.actors.queue_capacity, fragment_dtype(OBS, ACTIONS, T))
+    counters, steps = Counters(COUNTERS, TIMERS), step_queue()
+    start, started = mp.process.BaseProcess.start, []
+
+    def start_only_the_first(process):
+        if process.name == "a3c-learner-1":
+            raise OSError(12, "Cannot allocate memory")
+        start(process)
+        started.append(process)
+
+    monkeypatch.setattr(mp.process.BaseProcess, "start", start_only_the_first)
+    try:
+        with pytest.raises(OSError, match="Cannot allocate memory"):
+            start_learners(CFG, model, SharedAdam(model.parameters(), CFG.optim.lr), fragments, counters, steps,
+                           None, mp.get_context("forkserver"))
+        assert [process.name for process in started] == ["a3c-learner-0"]
+        assert started[0].exitcode is not None  # the queue still open: it ended because it was stopped
+    finally:
+        for handle in (fragments, counters, steps):
+            handle.close()
+
+
 # Where an accelerator is visible, a forked child cannot run a backward pass once this
 # process has run one (autograd's device threads), and runs take the fork server there.
 ACCELERATOR = runner._accelerator_visible()
