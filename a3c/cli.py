@@ -65,8 +65,11 @@ def _train(args) -> None:
     try:
         counters = trainer.train()
     except KeyboardInterrupt:
-        where = f"checkpoint written to {latest_checkpoint(run_dir)}" if trainer.saved else \
-            "no checkpoint written"
+        if trainer.saved:
+            where = f"checkpoint written to {latest_checkpoint(run_dir)}"
+        else:  # stopped before its learners started: a resumed run's checkpoint is as it was
+            where = f"no new checkpoint ({latest_checkpoint(run_dir)} is as it was)" if args.resume else \
+                "no checkpoint written"
         print(f"\ninterrupted; {where}", file=sys.stderr)
         raise SystemExit(130) from None
     mean = trainer.monitor.mean_recent_return()

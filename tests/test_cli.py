@@ -21,7 +21,7 @@ import torch
 import yaml
 
 from a3c import A3C as Agent
-from a3c import runner
+from a3c import cli, runner
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
@@ -248,6 +248,23 @@ def test_resume_with_another_config_is_a_one_line_error_and_leaves_the_run_alone
     assert_one_line_error(result.returncode, result.stderr, "the checkpoint was trained with env", "Acrobot-v1")
     # The run is unchanged, so that a plain resume still works.
     assert (run_dir / "config.yaml").read_bytes() == config_before
+    assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
+
+
+def test_a_resume_interrupted_before_it_learns_says_its_checkpoint_is_as_it_was(trained, tmp_path, monkeypatch,
+                                                                                 capsys):
+    run_dir = copy_of(trained[1], tmp_path)
+    checkpoint_before = (run_dir / "checkpoint.pt").read_bytes()
+
+    def interrupted_while_starting(_trainer):  # as Ctrl-C before the learners start
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Trainer, "train", interrupted_while_starting)
+    monkeypatch.setattr(cli, "stop_on_sigterm", lambda: None)  # this process's handlers stay as they are
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", "--resume", str(run_dir)])
+    assert stopped.value.code == 130
+    assert f"interrupted; no new checkpoint ({run_dir / 'checkpoint.pt'} is as it was)" in capsys.readouterr().err
     assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
 
 
