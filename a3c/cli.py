@@ -65,11 +65,13 @@ def _train(args) -> None:
     try:
         counters = trainer.train()
     except KeyboardInterrupt:
+        checkpoint = latest_checkpoint(run_dir)
         if trainer.saved:
-            where = f"checkpoint written to {latest_checkpoint(run_dir)}"
-        else:  # stopped before its learners started: a resumed run's checkpoint is as it was
-            where = f"no new checkpoint ({latest_checkpoint(run_dir)} is as it was)" if args.resume else \
-                "no checkpoint written"
+            where = f"checkpoint written to {checkpoint}"
+        elif checkpoint.exists():  # a resumed run's, or one written on the way, before the stop
+            where = f"no final checkpoint; {checkpoint} is the last one written"
+        else:
+            where = "no checkpoint written"
         print(f"\ninterrupted; {where}", file=sys.stderr)
         raise SystemExit(130) from None
     mean = trainer.monitor.mean_recent_return()

@@ -31,8 +31,8 @@ from .optim import SharedOptimizer, build_optimizer
 from .spaces import Obs, tree_map
 
 __all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
-           "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "mean_excess", "replay_buffer",
-           "run_learner", "start_learners", "statistics_lock", "step_minibatches", "step_queue",
+           "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "join_learner", "mean_excess",
+           "replay_buffer", "run_learner", "start_learners", "statistics_lock", "step_minibatches", "step_queue",
            "vtrace_returns"]
 
 
@@ -653,9 +653,22 @@ def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimi
     except BaseException:  # a fork that failed, say: the caller never gets the ones started
         learners.stop.set()  # they see it within one wait for fragments (0.2 s) or gradient step
         for worker in started:
-            worker.join()
+            join_learner(worker)
         raise
     return learners
+
+
+def join_learner(worker, timeout_s: float = 10.0) -> None:
+    """Wait for a stopped learner to end: a thread ends within a gradient step; a process
+    still alive after `timeout_s` is stuck, and is killed (a checkpoint without its last
+    update is fine)."""
+    if isinstance(worker, threading.Thread):
+        worker.join()
+        return
+    worker.join(timeout_s)
+    if worker.is_alive():
+        worker.kill()
+        worker.join()
 
 
 def replay_buffer(cfg: Config, dtype: np.dtype) -> ReplayBuffer | None:

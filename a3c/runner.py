@@ -32,7 +32,7 @@ from .actor import EPISODE_DTYPE, fragment_dtype, run_actor, sync_rounds
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
-from .learner import DeviceCopy, Learners, replay_buffer, start_learners, step_queue
+from .learner import DeviceCopy, Learners, join_learner, replay_buffer, start_learners, step_queue
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer
@@ -222,13 +222,7 @@ class Trainer:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             later.callback(self._stop_actors)
             for learner in self.learners.workers:  # each ends within a gradient step once stopped
-                if isinstance(learner, threading.Thread):
-                    learner.join()
-                    continue
-                learner.join(_JOIN_TIMEOUT_S)
-                if learner.is_alive():  # stuck: a checkpoint without its last update is fine
-                    learner.kill()
-                    learner.join()
+                join_learner(learner, _JOIN_TIMEOUT_S)
             if self.learners.workers:  # else train failed while starting: nothing was learned
                 self.save(latest_checkpoint(self.run_dir))
                 self.saved = True

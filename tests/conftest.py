@@ -140,6 +140,23 @@ def stop_the_fork_server():
         stop()
 
 
+def fail_to_start(monkeypatch, name: str) -> list:
+    """Make the start of the process named `name` fail as a fork that finds no memory
+    does; return the list of the processes started, as they start."""
+    import multiprocessing as mp
+
+    start, started = mp.process.BaseProcess.start, []
+
+    def start_unless_named(process):
+        if process.name == name:
+            raise OSError(12, "Cannot allocate memory")
+        start(process)
+        started.append(process)
+
+    monkeypatch.setattr(mp.process.BaseProcess, "start", start_unless_named)
+    return started
+
+
 # ------------------------------------------------------------------------ replay buffers
 VALUE = np.dtype([("v", "i8")])
 

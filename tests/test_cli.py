@@ -27,8 +27,8 @@ from a3c.files import write_atomically
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 
-from conftest import (A3C_CLI, assert_one_line_error, descendants, own_process_group, own_segments, running,
-                      segments_of)
+from conftest import (A3C_CLI, assert_one_line_error, descendants, fail_to_start, own_process_group, own_segments,
+                      running, segments_of)
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
@@ -251,20 +251,20 @@ def test_resume_with_another_config_is_a_one_line_error_and_leaves_the_run_alone
     assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
 
 
-def test_a_resume_interrupted_before_it_learns_says_its_checkpoint_is_as_it_was(trained, tmp_path, monkeypatch,
-                                                                                 capsys):
+def test_a_resume_interrupted_before_it_learns_names_its_last_checkpoint(trained, tmp_path, monkeypatch, capsys):
     run_dir = copy_of(trained[1], tmp_path)
     checkpoint_before = (run_dir / "checkpoint.pt").read_bytes()
 
-    def interrupted_while_starting(_trainer):  # as Ctrl-C before the learners start
+    def interrupted(*_):  # Ctrl-C after the actors started, before the learners
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(Trainer, "train", interrupted_while_starting)
+    monkeypatch.setattr(runner, "start_learners", interrupted)
     monkeypatch.setattr(cli, "stop_on_sigterm", lambda: None)  # this process's handlers stay as they are
     with pytest.raises(SystemExit) as stopped:
         cli.main(["train", "--resume", str(run_dir)])
     assert stopped.value.code == 130
-    assert f"interrupted; no new checkpoint ({run_dir / 'checkpoint.pt'} is as it was)" in capsys.readouterr().err
+    assert f"interrupted; no final checkpoint; {run_dir / 'checkpoint.pt'} is the last one written" in \
+        capsys.readouterr().err
     assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
 
 
@@ -402,19 +402,11 @@ def test_an_actor_that_fails_to_start_leaves_none_of_the_ones_started_before_it_
     learners: tests/test_learner_processes.py)."""
     cfg = load_config(CONFIG, [*TINY, "actors.mode=process", f"logging.run_root={tmp_path}"])
     trainer = Trainer(cfg, tmp_path / "run", sink=MemorySink())
-    start, started = mp.process.BaseProcess.start, []
-
-    def start_only_the_first(process):
-        if process.name == "a3c-actor-1":
-            raise OSError(12, "Cannot allocate memory")
-        start(process)
-        started.append(process)
-
-    monkeypatch.setattr(mp.process.BaseProcess, "start", start_only_the_first)
+    started = fail_to_start(monkeypatch, "a3c-actor-1")
     with pytest.raises(OSError, match="Cannot allocate memory"):
         trainer.train()
     assert [process.name for process in started] == ["a3c-actor-0"]
-    assert started[0].exitcode is not None  # ended before the error reached the caller
+    assert started[0].exitcode == 0  # ended, stopped, before the error reached the caller
     assert not trainer.saved
 
 
