@@ -621,6 +621,9 @@ class Learners(NamedTuple):
     lock: Any = None
 
 
+_JOIN_TIMEOUT_S = 10.0  # a learner process still running this long after its stop is stuck
+
+
 def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                    fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
                    replay: ReplayBuffer | None, context, device_copy: DeviceCopy | None = None
@@ -658,7 +661,7 @@ def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimi
     return learners
 
 
-def join_learner(worker, timeout_s: float = 10.0) -> None:
+def join_learner(worker, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
     """Wait for a stopped learner to end: a thread ends within a gradient step; a process
     still alive after `timeout_s` is stuck, and is killed (a checkpoint without its last
     update is fine)."""

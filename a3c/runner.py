@@ -222,7 +222,7 @@ class Trainer:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             later.callback(self._stop_actors)
             for learner in self.learners.workers:  # each ends within a gradient step once stopped
-                join_learner(learner, _JOIN_TIMEOUT_S)
+                join_learner(learner)
             if self.learners.workers:  # else train failed while starting: nothing was learned
                 self.save(latest_checkpoint(self.run_dir))
                 self.saved = True
