@@ -321,8 +321,8 @@ STABILITY_VARIANTS = {
 # sooner and held for 2 M steps), no bonus (no-ent: 2 of 2 landed sooner and dipped to
 # 198.8-198.9 as they first crossed), Adam's beta2 (adam-beta2-0.99: 2 of 2 held), actors
 # that do not wait (async: 2.5 updates of 16 k env steps behind; 1 of 2 landed, at
-# 1.97 M) and updates of 512 env steps (default-update: 0 of 2 landed in 2 M). The results are in
-# docs/benchmarks.md ("Ten times the budget").
+# 1.97 M) and updates of 512 env steps (default-update: 0 of 2 landed in 2 M). The
+# results are in docs/benchmarks.md ("Ten times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
 
