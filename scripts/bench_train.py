@@ -317,8 +317,8 @@ STABILITY_VARIANTS = {
 # as configs/lunarlander.yaml (its slow test held 3 seeds of 3 more). Then, one each put
 # back into that recipe, the defaults' normalizations (obs-norm-popart: 1 of 2 fell),
 # horizon (default-horizon: 2 of 2 held, landing twice as late), shared torso
-# (shared-torso: 1 of 2 landed in 2 M steps, late), rate (default-lr: 2 of 2 landed
-# sooner and held for 2 M steps), no bonus (no-ent: 2 of 2 landed sooner and dipped to
+# (shared-torso: 1 of 2 landed in 2 M steps, late), rate (default-lr: 4 of 4 landed
+# sooner, 3 held for 2 M steps), no bonus (no-ent: 2 of 2 landed sooner and dipped to
 # 198.8-198.9 as they first crossed), Adam's beta2 (adam-beta2-0.99: 2 of 2 held), actors
 # that do not wait (async: 2.5 updates of 16 k env steps behind; 1 of 2 landed, at
 # 1.97 M) and updates of 512 env steps (default-update: 0 of 2 landed in 2 M). The
