@@ -648,16 +648,14 @@ def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimi
         learners = Learners(stop, [context.Process(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
                                                    args=(*args, stop, replay, lock, True))
                                    for i in range(cfg.learners.num)], lock)
-    started = []
-    try:
-        for worker in learners.workers:
+    for i, worker in enumerate(learners.workers):
+        try:
             worker.start()
-            started.append(worker)
-    except BaseException:  # a fork that failed, say: the caller never gets the ones started
-        learners.stop.set()  # they see it within one wait for fragments (0.2 s) or gradient step
-        for worker in started:
-            join_learner(worker)
-        raise
+        except BaseException:  # a fork that failed, say: the caller never gets the ones started
+            learners.stop.set()  # they see it within one wait for fragments (0.2 s) or gradient step
+            for started in learners.workers[:i]:
+                join_learner(started)
+            raise
     return learners
 
 
