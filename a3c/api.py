@@ -18,11 +18,11 @@ import numpy as np
 import torch
 
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import Config, apply_overrides, config_to_dict, load_config, save_config
+from .config import Config, config_here, config_to_dict, load_config, save_config
 from .envs import check_env_factory, env_action, factory_name, make_env
 from .metrics import Sink
 from .spaces import as_batch, batch_size, obs_to_torch
-from .runner import Trainer, build_default_model, load_state
+from .runner import Trainer, build_default_model, check_learner_settings, load_state
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
 
@@ -67,6 +67,7 @@ class A3C:
         check_env_factory(env, self.config.actors.mode)  # before any run folder
         self.env_factory = env
         self.model = model if model is not None else build_default_model(self.config, env)
+        check_learner_settings(self.config, self.model)  # settings this model cannot take
         self._state: dict | None = None  # optimizer state and counters after learn()
         self.run_dir: Path | None = None
         # The returns of the last episodes of the latest learn(); empty before one.
@@ -86,6 +87,8 @@ class A3C:
               sink: Sink | None = None) -> A3C:
         """Train for `total_timesteps` more env steps (default: the config's)."""
         more = total_timesteps if total_timesteps is not None else self.config.total_timesteps
+        if int(more) < 1:
+            raise ValueError(f"learn({total_timesteps}): train for at least 1 more env step")
         cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + int(more))
         if cfg.actors.mode == "ray":
             from .remote import check_cluster
@@ -151,14 +154,11 @@ class A3C:
         `A3C(config, env=factory)` needs the factory again: a checkpoint holds only its name."""
         path = Path(path)
         state = load_checkpoint(latest_checkpoint(path) if path.is_dir() else path)
-        config = state["config"]
-        if str(config.get("learners", {}).get("device", "cpu")).startswith("cuda") and \
-                not torch.cuda.is_available():  # trained on a GPU, used on a CPU-only host
-            config = apply_overrides(config, {"learners.device": "cpu"})
+        config = config_here(state["config"])  # trained on a GPU this host may not have
         agent = cls(config, model=model, env=env)
         load_state(state, agent.model)
         if state["optimizer"]:
-            agent._state = {**state, "model": None}
+            agent._state = {**state, "config": config, "model": None}
         return agent
 
 

@@ -452,6 +452,15 @@ def _check_device(device: str, problems: list[str]) -> None:
                             f"device(s) are visible; allowed: cuda:0 .. cuda:{torch.cuda.device_count() - 1}")
 
 
+def config_here(saved: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's config dict with a learner device this host has: a run trained on a
+    GPU (or on cuda:N) evaluates and resumes on a host without it, its learner on the CPU."""
+    device = str(saved.get("learners", {}).get("device", "cpu"))
+    problems: list[str] = []
+    _check_device(device, problems)
+    return apply_overrides(saved, {"learners.device": "cpu"}) if problems else dict(saved)
+
+
 def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
     """The form of the ray section; whether the address answers is checked when a run starts."""
     address = ray.address

@@ -30,7 +30,7 @@ from replay import ArrayQueue, Counters
 
 from .actor import EPISODE_DTYPE, fragment_dtype, run_actor, sync_rounds
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
-from .config import Config, ConfigError, config_table, config_to_dict, load_config
+from .config import Config, ConfigError, config_here, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
 from .learner import DeviceCopy, Learners, join_learner, replay_buffer, start_learners, step_queue
 from .metrics import Monitor, Sink, TensorBoardSink
@@ -94,7 +94,7 @@ def check_compatible(cfg: Config, state: dict) -> None:
     config. The saved config is validated first, so that fields added since it was
     written take their defaults instead of counting as differences."""
     try:
-        saved = config_to_dict(load_config(state["config"]))
+        saved = config_to_dict(load_config(config_here(state["config"])))
     except ConfigError as error:
         raise CheckpointError(f"the checkpoint's config is not valid here: {error}") from None
     current = config_to_dict(cfg)
@@ -120,7 +120,8 @@ def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None
     except (KeyError, RuntimeError, ValueError) as error:
         raise CheckpointError(
             f"the checkpoint does not fit this model or optimizer ({str(error)[:200]}); "
-            "resume with the run's own config.yaml"
+            "resume with the run's own config.yaml, and a run trained with a model of its own "
+            "with that model again (A3C.load(path, model=...))"
         ) from None
 
 
@@ -137,14 +138,15 @@ class Trainer:
         check_learner_settings(cfg, self.model)
         self.model.share_memory()  # parameters in shared memory: actors read them in place
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.counters = Counters(COUNTERS, TIMERS)
         if state is not None:
             check_compatible(cfg, state)
             # state["model"] is None when `model` already holds the weights (A3C.learn).
             load_state(state, self.model if state["model"] is not None else None, self.optimizer)
-            for name, value in state["counters"].items():
-                if name in self.counters.names:
-                    self.counters.set(name, value)
+        # Shared memory last: a checkpoint that does not fit leaves nothing to release.
+        self.counters = Counters(COUNTERS, TIMERS)
+        for name, value in (state or {}).get("counters", {}).items():
+            if name in self.counters.names:
+                self.counters.set(name, value)
         self._sink = sink
         self.saved = False  # whether the final checkpoint was written
         self._actors: list = []

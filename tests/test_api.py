@@ -145,15 +145,35 @@ def test_loading_a_file_that_is_not_a_checkpoint_raises_checkpoint_error(tmp_pat
         A3C.load(tmp_path / "missing.pt")
 
 
-def test_a_checkpoint_trained_on_cuda_loads_on_a_cpu_only_host(agent, tmp_path):
-    if torch.cuda.is_available():
-        pytest.skip("needs a host without CUDA")
+@pytest.mark.parametrize("device", ["cuda", "cuda:7"])
+def test_a_checkpoint_trained_on_a_gpu_this_host_lacks_loads_and_trains_on_the_cpu(agent, tmp_path, device):
+    if torch.cuda.device_count() > 7:
+        pytest.skip("needs a host without CUDA device 7")
     path = tmp_path / "agent.pt"
     agent.save(path)
     state = torch.load(path, weights_only=True)
-    state["config"]["learners"]["device"] = "cuda"
+    state["config"]["learners"]["device"] = device
     torch.save(state, path)
-    assert A3C.load(path).config.learners.device == "cpu"
+    loaded = A3C.load(path)
+    assert loaded.config.learners.device == "cpu"
+    before = loaded.num_timesteps
+    loaded.learn(200, run_dir=tmp_path / "more", sink=MemorySink())  # resumed: the checkpoint's config checked
+    assert loaded.num_timesteps >= before + 200
+
+
+def test_learn_for_no_steps_is_an_error_that_writes_nothing(agent, tmp_path):
+    for steps in (0, -5):
+        with pytest.raises(ValueError, match="at least 1 more env step"):
+            agent.learn(steps, run_dir=tmp_path / "none")
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_setting_the_model_cannot_take_is_an_error_when_the_agent_is_made(tmp_path):
+    from a3c.config import ConfigError
+
+    with pytest.raises(ConfigError, match="learners.bound_coef: 0.1 bounds a Gaussian policy's means"):
+        A3C(str(CONFIG), logging__run_root=str(tmp_path), learners__bound_coef=0.1)
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_checkpoint_from_before_a_config_field_existed_still_loads(agent, tmp_path):
