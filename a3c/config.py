@@ -21,6 +21,8 @@ from typing import Any
 
 import yaml
 
+from replay.queue import MAX_PRODUCERS
+
 from .files import write_atomically
 
 __all__ = [
@@ -87,7 +89,7 @@ class ActorsConfig:
     unroll_length: int = _f(16, "steps per fragment (T)", ge=1)
     queue_capacity: int = _f(64, "fragments the queue holds (>= learners.batch_size); small keeps data fresh",
                             ge=1)
-    max_restarts: int = _f(10, "restarts of dead actor processes before the run fails", ge=0)
+    max_restarts: int = _f(10, "times each actor may die and be restarted before the run fails", ge=0)
     sync: bool = _f(False, "actors wait for each fresh batch's update before acting again, so every "
                     "batch is acted by the policy version its update starts from, as PPO's rollouts (the actors "
                     "idle while the learner trains); needs local actors, learners.batch_size a multiple "
@@ -540,6 +542,11 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
                         f"learners.batch_size ({cfg.learners.batch_size}); "
                         f"allowed: queue_capacity >= batch_size")
+    if not ({"actors.num", "actors.mode"} & bad) and cfg.actors.mode != "ray" \
+            and cfg.actors.num > MAX_PRODUCERS:
+        problems.append(f"actors.num: {cfg.actors.num} local actors each put into one queue, which takes "
+                        f"{MAX_PRODUCERS} at once; use at most {MAX_PRODUCERS}, or actors.mode: ray "
+                        f"(one thread puts for every remote actor)")
     if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
         problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
                         f"model.lstm is {cfg.model.lstm}; set one of them to 0")

@@ -18,7 +18,7 @@ processes. Needs only numpy and cffi.
 """
 from queue import Empty, Full
 
-from ._shm import remove_stale_segments
+from ._shm import SharedMemoryFull, remove_stale_segments
 from .buffer import PrioritizedReplayBuffer, PrioritizedSample, ReplayBuffer
 from .counters import Counters
 from .queue import MAX_CAPACITY, MAX_RECORD_BYTES, ArrayQueue, Closed
@@ -34,5 +34,6 @@ __all__ = [
     "PrioritizedReplayBuffer",
     "PrioritizedSample",
     "ReplayBuffer",
+    "SharedMemoryFull",
     "remove_stale_segments",
 ]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import errno
 import mmap
 import multiprocessing.util
 import os
@@ -27,6 +28,10 @@ PREFIX = "rq-"
 
 class SegmentGone(FileNotFoundError):
     """The segment's name no longer exists: its creator closed it or exited."""
+
+
+class SharedMemoryFull(OSError):
+    """/dev/shm has no room for a new segment (errno ENOSPC)."""
 
 
 def _pid_alive(pid: int) -> bool:
@@ -88,6 +93,20 @@ def _release(buffer, mapping, path: str) -> None:
     _unlink(path)
 
 
+def _reserve(fd: int, size: int) -> None:
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        stat = os.statvfs(SHM_DIR)
+        raise SharedMemoryFull(
+            errno.ENOSPC, f"{SHM_DIR} has no room for {size:,} bytes of shared memory "
+            f"({stat.f_bavail * stat.f_frsize:,} of {stat.f_blocks * stat.f_frsize:,} free); make "
+            f"the records or capacities smaller, or {SHM_DIR} larger (a container's: docker run "
+            "--shm-size)") from None
+
+
 class Segment:
     """A mapped segment. `address` is a cffi pointer to its first byte."""
 
@@ -108,7 +127,7 @@ class Segment:
             if create:
                 # Reserve the pages now: a full /dev/shm then fails here with ENOSPC
                 # instead of killing a writer with SIGBUS later.
-                os.posix_fallocate(fd, 0, size)
+                _reserve(fd, size)
             elif os.fstat(fd).st_size < size:
                 raise ValueError(f"shared memory {name!r} is smaller than expected")
             mapping = mmap.mmap(fd, size)

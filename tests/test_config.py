@@ -166,6 +166,16 @@ def test_minibatches_of_steps_with_a_recurrent_model_are_refused_with_the_fix():
     assert "learners.minibatch_split: steps needs a feedforward model" in problem and "model.lstm" in problem
 
 
+def test_more_local_actors_than_the_queue_takes_producers_is_an_error_with_the_fix():
+    from replay.queue import MAX_PRODUCERS
+
+    assert load_config({"actors": {"num": MAX_PRODUCERS}}).actors.num == MAX_PRODUCERS
+    (problem,) = problems({"actors": {"num": MAX_PRODUCERS + 1}})
+    assert problem.startswith(f"actors.num: {MAX_PRODUCERS + 1} local actors") and "actors.mode: ray" in problem
+    # Remote actors put through one thread of the trainer's, however many there are.
+    assert load_config({"actors": {"num": MAX_PRODUCERS + 1, "mode": "ray"}}).actors.num == MAX_PRODUCERS + 1
+
+
 def test_synchronous_actors_need_a_batch_of_whole_rounds_and_local_actors_with_the_fix():
     """Each actor acts batch / (actors x envs) unrolls per update: 32 / (2 x 8) = 2."""
     assert load_config({"actors": {"sync": True}}).actors.sync

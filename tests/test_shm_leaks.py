@@ -7,6 +7,7 @@ are named rq-<its pid>-<hex>; afterwards none may be left, except after SIGKILL,
 `remove_stale_segments()` (which every new queue calls) must remove them.
 """
 import base64
+import errno
 import pickle
 import queue
 import signal
@@ -16,11 +17,12 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 
 import replay
 from replay import ArrayQueue, Counters
 
-from conftest import running
+from conftest import own_segments, running
 
 SHM = Path("/dev/shm")
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,3 +248,17 @@ def test_remove_stale_segments_keeps_segments_of_living_creators():
     q.close()
     c.close()
     assert not {q._segment.name, c._segment.name} & rq_entries()
+
+
+def test_a_full_dev_shm_raises_shared_memory_full_naming_the_size_and_leaves_no_segment(monkeypatch):
+    from replay import _shm
+
+    def no_space(*_):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(_shm.os, "posix_fallocate", no_space)
+    before = own_segments()
+    with pytest.raises(replay.SharedMemoryFull, match=r"/dev/shm has no room for [\d,]+ bytes .* free\)") as raised:
+        ArrayQueue(1024, "i8")
+    assert isinstance(raised.value, OSError) and raised.value.errno == errno.ENOSPC
+    assert own_segments() == before
