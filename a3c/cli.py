@@ -15,6 +15,19 @@ _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard
            "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray"}
 
 
+def _count(least: int):
+    """An argparse type: an int of at least `least`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < least:
+            raise argparse.ArgumentTypeError(f"{value} is less than {least}")
+        return value
+    return parse
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a3c", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -24,8 +37,8 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     evaluate = commands.add_parser("eval", help="play a trained run's greedy policy")
     evaluate.add_argument("run_dir", help="a run folder (runs/<name>-<time>) or a checkpoint file")
-    evaluate.add_argument("--episodes", type=int, default=10)
-    evaluate.add_argument("--seed", type=int, default=0)
+    evaluate.add_argument("--episodes", type=_count(1), default=10)
+    evaluate.add_argument("--seed", type=_count(0), default=0)
     evaluate.add_argument("--stochastic", action="store_true", help="sample instead of the greedy action")
     evaluate.add_argument("--video", metavar="FILE.mp4",
                           help="also record the episodes to an MP4 file (needs the 'video' extra)")
@@ -39,10 +52,15 @@ def _train(args) -> None:
     from .api import new_run_dir
     from .checkpoint import latest_checkpoint, load_checkpoint
     from .config import ConfigError, load_config, save_config
-    from .runner import Trainer, build_default_model, check_compatible
+    from .runner import Trainer, build_default_model, check_compatible, check_learner_settings, load_state
 
     if args.resume:
         run_dir = Path(args.resume)
+        if run_dir.is_file():  # the run's checkpoint file named in place of its folder
+            run_dir = run_dir.parent
+        if args.config and "=" not in args.config:
+            raise ConfigError([f"{args.config}: a resumed run trains on with its own config.yaml; "
+                               "give only overrides (key=value), or start a new run without --resume"])
         overrides = ([args.config] if args.config else []) + args.overrides
         cfg = load_config(run_dir / "config.yaml", overrides)
         state = load_checkpoint(latest_checkpoint(run_dir))
@@ -52,7 +70,13 @@ def _train(args) -> None:
             raise ConfigError(["a config file is needed: a3c train configs/cartpole.yaml"])
         cfg = load_config(args.config, args.overrides)
         run_dir, state = None, None
-    model = build_default_model(cfg)  # environment errors surface here, before any folder
+    # Before any folder, or a resumed run's config.yaml, is written: environment errors,
+    # settings this model cannot take, and a checkpoint whose weights do not fit it.
+    model = build_default_model(cfg)
+    check_learner_settings(cfg, model)
+    if state is not None:
+        load_state(state, model)
+        state = {**state, "model": None}  # the model holds its weights now
     if cfg.actors.mode == "ray":
         from .remote import check_cluster
 
@@ -111,6 +135,8 @@ def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     stop_on_sigterm()
     try:
+        from replay import SharedMemoryFull
+
         from .checkpoint import CheckpointError
         from .config import ConfigError
         from .envs import EnvError
@@ -121,6 +147,10 @@ def main(argv: list[str] | None = None) -> None:
             {"train": _train, "eval": _eval}[args.command](args)
         except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError) as error:
             print(f"error: {error}", file=sys.stderr)
+            raise SystemExit(2) from None
+        except SharedMemoryFull as error:  # the queues and the replay buffer live there
+            print(f"error: {error.strerror}; a run's are its queue (actors.queue_capacity fragments "
+                  "of actors.unroll_length steps) and its replay (replay.window fragments)", file=sys.stderr)
             raise SystemExit(2) from None
     except ModuleNotFoundError as error:
         extra = _EXTRAS.get((error.name or "").partition(".")[0])

@@ -1,5 +1,6 @@
 """The command line end to end: a tiny training run and its run folder, resuming, evaluating,
 one-line errors, Ctrl-C and SIGTERM, and the restart of a killed actor process."""
+import errno
 import fnmatch
 import functools
 import glob
@@ -26,6 +27,7 @@ from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
+from replay import SharedMemoryFull
 
 from conftest import (A3C_CLI, assert_one_line_error, descendants, fail_to_start, own_process_group, own_segments,
                       running, segments_of)
@@ -143,10 +145,12 @@ def test_thread_mode_runs_end_to_end(tmp_path):
     assert state["env_steps"] >= 2000 and state["updates"] > 0
 
 
-def test_resume_continues_the_counters(trained, tmp_path):
+@pytest.mark.parametrize("named", ["folder", "checkpoint file"])
+def test_resume_continues_the_counters(trained, tmp_path, named):
     run_dir = copy_of(trained[1], tmp_path)
     before = counters(run_dir)
-    result = a3c("train", "--resume", run_dir, "total_timesteps=6000")
+    where = run_dir if named == "folder" else run_dir / "checkpoint.pt"
+    result = a3c("train", "--resume", where, "total_timesteps=6000")
     assert result.returncode == 0, result.stderr
     after = counters(run_dir)
     assert after["env_steps"] >= 6000 > before["env_steps"]
@@ -266,6 +270,47 @@ def test_a_resume_interrupted_before_it_learns_names_its_last_checkpoint(trained
     assert f"interrupted; no final checkpoint; {run_dir / 'checkpoint.pt'} is the last one written" in \
         capsys.readouterr().err
     assert (run_dir / "checkpoint.pt").read_bytes() == checkpoint_before
+
+
+def assert_one_config_problem(result, *fragments):
+    """The command line failed with exit code 2 and the format of ConfigError: a header
+    line, then the one problem, holding every fragment; no traceback."""
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    header, problem = result.stderr.strip().splitlines()
+    assert header.startswith("error: ") and "invalid config (1 problem)" in header
+    for fragment in fragments:
+        assert fragment in problem, problem
+
+
+def test_a_setting_the_model_cannot_take_is_a_short_error_before_any_file_is_written(trained, tmp_path):
+    """learners.bound_coef needs a Gaussian policy, which only the model built from the
+    environment shows: checked before a new run's folder is made, and before a resumed
+    run's config.yaml is rewritten, so that a plain resume still works."""
+    result = train(tmp_path / "new", "learners.bound_coef=0.1")
+    assert_one_config_problem(result, "learners.bound_coef: 0.1", "set it to 0")
+    assert not (tmp_path / "new").exists()
+    run_dir = copy_of(trained[1], tmp_path)
+    config_before = (run_dir / "config.yaml").read_bytes()
+    result = a3c("train", "--resume", run_dir, "learners.bound_coef=0.1")
+    assert_one_config_problem(result, "learners.bound_coef: 0.1", "set it to 0")
+    assert (run_dir / "config.yaml").read_bytes() == config_before
+
+
+def test_resume_with_a_config_file_is_a_short_error(trained, tmp_path):
+    run_dir = copy_of(trained[1], tmp_path)
+    result = a3c("train", CONFIG, "--resume", run_dir)
+    assert_one_config_problem(result, "its own config.yaml", "give only overrides")
+
+
+@pytest.mark.parametrize(("option", "value", "why"), [("--episodes", "0", "0 is less than 1"),
+                                                      ("--episodes", "many", "'many' is not a whole number"),
+                                                      ("--seed", "-1", "-1 is less than 0")])
+def test_eval_with_a_count_out_of_range_is_a_usage_error(trained, capsys, option, value, why):
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", str(trained[1]), option, value])
+    assert stopped.value.code == 2
+    assert f"argument {option}: {why}" in capsys.readouterr().err
 
 
 def test_resume_with_another_optimizer_is_a_one_line_error(trained, tmp_path):
@@ -394,6 +439,19 @@ def test_a_run_that_fails_while_starting_releases_what_it_made_and_writes_no_che
     assert own_segments() == before - {trainer.counters._segment.name}  # the counters closed too
     assert torch.get_num_threads() == threads
     assert not trainer.saved and not (tmp_path / "run" / "checkpoint.pt").exists()
+
+
+def test_a_full_dev_shm_is_a_one_line_error_naming_what_to_shrink(tmp_path, monkeypatch, capsys):
+    def no_space(*_):
+        raise SharedMemoryFull(errno.ENOSPC, "/dev/shm has no room for 1,000 bytes of shared memory")
+
+    monkeypatch.setattr(runner, "step_queue", no_space)
+    monkeypatch.setattr(cli, "stop_on_sigterm", lambda: None)
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", str(CONFIG), *TINY, f"logging.run_root={tmp_path}"])
+    assert stopped.value.code == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert err.startswith("error: /dev/shm has no room") and "actors.queue_capacity" in err, err
 
 
 def test_an_actor_that_fails_to_start_leaves_none_of_the_ones_started_before_it_running(tmp_path, monkeypatch):
