@@ -57,6 +57,9 @@ def _train(args) -> None:
     if args.resume:
         run_dir = Path(args.resume)
         if run_dir.is_file():  # the run's checkpoint file named in place of its folder
+            if run_dir != latest_checkpoint(run_dir.parent):
+                raise ConfigError([f"--resume {run_dir}: a run resumes from its folder (which holds "
+                                   "config.yaml and checkpoint.pt); give the run folder"])
             run_dir = run_dir.parent
         if args.config and "=" not in args.config:
             raise ConfigError([f"{args.config}: a resumed run trains on with its own config.yaml; "
@@ -149,8 +152,9 @@ def main(argv: list[str] | None = None) -> None:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         except SharedMemoryFull as error:  # the queues and the replay buffer live there
-            print(f"error: {error.strerror}; a run's are its queue (actors.queue_capacity fragments "
-                  "of actors.unroll_length steps) and its replay (replay.window fragments)", file=sys.stderr)
+            print(f"error: {error.strerror or error}; a run's segments are sized by actors.queue_capacity "
+                  "fragments of actors.unroll_length steps and, with replay.ratio above 0, replay.window "
+                  "fragments", file=sys.stderr)
             raise SystemExit(2) from None
     except ModuleNotFoundError as error:
         extra = _EXTRAS.get((error.name or "").partition(".")[0])

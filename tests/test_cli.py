@@ -26,6 +26,7 @@ from a3c import cli, runner
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
+from a3c.checkpoint import CheckpointError
 from a3c.runner import Trainer
 from replay import SharedMemoryFull
 
@@ -146,7 +147,7 @@ def test_thread_mode_runs_end_to_end(tmp_path):
 
 
 @pytest.mark.parametrize("named", ["folder", "checkpoint file"])
-def test_resume_continues_the_counters(trained, tmp_path, named):
+def test_resume_from_the_run_folder_or_its_checkpoint_file_continues_the_counters(trained, tmp_path, named):
     run_dir = copy_of(trained[1], tmp_path)
     before = counters(run_dir)
     where = run_dir if named == "folder" else run_dir / "checkpoint.pt"
@@ -297,16 +298,35 @@ def test_a_setting_the_model_cannot_take_is_a_short_error_before_any_file_is_wri
     assert (run_dir / "config.yaml").read_bytes() == config_before
 
 
-def test_resume_with_a_config_file_is_a_short_error(trained, tmp_path):
+def test_resume_with_a_config_file_or_another_file_in_place_of_the_run_is_a_short_error(trained, tmp_path):
     run_dir = copy_of(trained[1], tmp_path)
     result = a3c("train", CONFIG, "--resume", run_dir)
     assert_one_config_problem(result, "its own config.yaml", "give only overrides")
+    other = shutil.copy(run_dir / "checkpoint.pt", run_dir / "older.pt")
+    result = a3c("train", "--resume", other)
+    assert_one_config_problem(result, "older.pt", "give the run folder")
+
+
+def test_a_run_trained_on_a_gpu_resumes_on_a_host_without_it_with_its_learner_on_the_cpu(trained, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("needs a host without CUDA")
+    run_dir = copy_of(trained[1], tmp_path)
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    state["config"]["learners"]["device"] = "cuda"
+    torch.save(state, run_dir / "checkpoint.pt")
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    config["learners"]["device"] = "cuda"
+    (run_dir / "config.yaml").write_text(yaml.safe_dump(config))
+    result = a3c("train", "--resume", run_dir, "learners.device=cpu", "total_timesteps=3500")
+    assert result.returncode == 0, result.stderr
+    assert counters(run_dir)["env_steps"] >= 3500
 
 
 @pytest.mark.parametrize(("option", "value", "why"), [("--episodes", "0", "0 is less than 1"),
                                                       ("--episodes", "many", "'many' is not a whole number"),
                                                       ("--seed", "-1", "-1 is less than 0")])
-def test_eval_with_a_count_out_of_range_is_a_usage_error(trained, capsys, option, value, why):
+def test_eval_with_a_count_that_is_not_a_whole_number_in_range_is_a_usage_error(trained, capsys, option, value,
+                                                                                  why):
     with pytest.raises(SystemExit) as stopped:
         cli.main(["eval", str(trained[1]), option, value])
     assert stopped.value.code == 2
@@ -452,6 +472,15 @@ def test_a_full_dev_shm_is_a_one_line_error_naming_what_to_shrink(tmp_path, monk
     assert stopped.value.code == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert err.startswith("error: /dev/shm has no room") and "actors.queue_capacity" in err, err
+
+
+def test_a_checkpoint_that_does_not_fit_is_refused_before_the_trainer_makes_shared_memory(trained, tmp_path):
+    state = torch.load(trained[1] / "checkpoint.pt", weights_only=True)
+    cfg = load_config(trained[1] / "config.yaml", ["model.hidden_sizes=[32]"])
+    before = own_segments()
+    with pytest.raises(CheckpointError, match="the checkpoint was trained with model"):
+        Trainer(cfg, tmp_path / "run", state=state)
+    assert own_segments() == before
 
 
 def test_an_actor_that_fails_to_start_leaves_none_of_the_ones_started_before_it_running(tmp_path, monkeypatch):
