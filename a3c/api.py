@@ -86,10 +86,10 @@ class A3C:
     def learn(self, total_timesteps: int | None = None, run_dir: str | os.PathLike | None = None,
               sink: Sink | None = None) -> A3C:
         """Train for `total_timesteps` more env steps (default: the config's)."""
-        more = total_timesteps if total_timesteps is not None else self.config.total_timesteps
-        if int(more) < 1:
+        more = int(total_timesteps if total_timesteps is not None else self.config.total_timesteps)
+        if more < 1:
             raise ValueError(f"learn({total_timesteps}): train for at least 1 more env step")
-        cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + int(more))
+        cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + more)
         if cfg.actors.mode == "ray":
             from .remote import check_cluster
 

@@ -23,10 +23,10 @@ import yaml
 
 from a3c import A3C as Agent
 from a3c import cli, runner
+from a3c.checkpoint import CheckpointError
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
-from a3c.checkpoint import CheckpointError
 from a3c.runner import Trainer
 from replay import SharedMemoryFull
 
