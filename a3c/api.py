@@ -22,7 +22,7 @@ from .config import Config, config_here, config_to_dict, load_config, save_confi
 from .envs import check_env_factory, env_action, factory_name, make_env
 from .metrics import Sink
 from .spaces import as_batch, batch_size, obs_to_torch
-from .runner import Trainer, build_default_model, check_learner_settings, load_state
+from .runner import Trainer, build_default_model, check_compatible, check_learner_settings, load_state
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
 
@@ -94,6 +94,8 @@ class A3C:
             from .remote import check_cluster
 
             check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder
+        if self._state is not None:
+            check_compatible(cfg, self._state)  # a loaded run's environment and model, as well
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")

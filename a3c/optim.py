@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import torch
 
-__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer"]
+__all__ = ["SharedOptimizer", "SharedRMSprop", "SharedAdam", "build_optimizer", "value_lr_problem"]
 
 
 class SharedOptimizer:
@@ -124,18 +124,25 @@ class SharedAdam(SharedOptimizer):
                        v.sqrt().div_(v_correction).add_(self.eps), value=-step_size * scale)
 
 
+def value_lr_problem(model: torch.nn.Module, cfg) -> str | None:
+    """Why an `OptimConfig`'s `value_lr` cannot apply to `model`, or None."""
+    if cfg.value_lr is None or any(name.startswith("value_") for name, _ in model.named_parameters()):
+        return None
+    return ("optim.value_lr is set, but the model has no parameters under a module named value_* "
+            "for it to apply to: name the value's modules so, or set optim.value_lr: null")
+
+
 def build_optimizer(model: torch.nn.Module, cfg) -> SharedOptimizer:
     """The optimizer named by an `OptimConfig`, over `model`'s parameters: those of the
     value's own torso and head (the modules named value_*) at `cfg.value_lr`, the rest at
     `cfg.lr`."""
+    problem = value_lr_problem(model, cfg)
+    if problem:
+        raise ValueError(problem)
     value_scale = 1.0 if cfg.value_lr is None else cfg.value_lr / cfg.lr
     # A group per parameter, in the model's order: the statistics keep the order a
     # checkpoint stored them in.
     params = [(p, name.startswith("value_")) for name, p in model.named_parameters()]
-    if cfg.value_lr is not None and not any(is_value for _, is_value in params):
-        raise ValueError("optim.value_lr is set, but the model has no parameters under a module named "
-                         "value_* for it to apply to: name the value's modules so, or set "
-                         "optim.value_lr: null")
     groups = [{"params": [p], "lr_scale": value_scale if is_value else 1.0} for p, is_value in params]
     if cfg.name == "adam":
         return SharedAdam(groups, cfg.lr, cfg.betas, cfg.eps)

@@ -35,7 +35,7 @@ from .envs import check_env_factory, make_env
 from .learner import DeviceCopy, Learners, join_learner, replay_buffer, start_learners, step_queue
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
-from .optim import build_optimizer
+from .optim import build_optimizer, value_lr_problem
 
 __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "check_learner_settings",
            "load_state"]
@@ -68,10 +68,11 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
 
 
 def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
-    """The `learners` settings that need a kind of model, against the run's model (a
-    user's included): `bound_coef` bounds a feedforward Gaussian policy's means, so the
+    """The settings that need a kind of model, against the run's model (a user's
+    included): `learners.bound_coef` bounds a feedforward Gaussian policy's means, so the
     model must have one, and a Box action space whose bounds it reads
-    (a3c.learner.mean_excess); minibatches of steps need a feedforward model."""
+    (a3c.learner.mean_excess); minibatches of steps need a feedforward model;
+    `optim.value_lr` needs modules named value_*."""
     space = getattr(model, "action_space", None)
     recurrent = getattr(model, "is_recurrent", False)
     problems = []
@@ -85,6 +86,8 @@ def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
     if cfg.learners.minibatch_split == "steps" and recurrent:
         problems.append("learners.minibatch_split: steps needs a feedforward model, and this model is "
                         "recurrent; split by fragments")
+    if problem := value_lr_problem(model, cfg.optim):
+        problems.append(problem)
     if problems:
         raise ConfigError(problems)
 

@@ -174,6 +174,17 @@ def test_a_setting_the_model_cannot_take_is_an_error_when_the_agent_is_made(tmp_
         A3C(str(CONFIG), logging__run_root=str(tmp_path), learners__bound_coef=0.1)
 
 
+def test_a_value_rate_for_a_model_without_value_modules_is_an_error_when_the_agent_is_made(tmp_path):
+    class Critic(torch.nn.Module):  # a user's model, its value head not named value_*
+        def __init__(self):
+            super().__init__()
+            self.critic = torch.nn.Linear(4, 1)
+
+    with pytest.raises(ConfigError, match="optim.value_lr is set, but the model has no parameters"):
+        A3C(str(CONFIG), model=Critic(), logging__run_root=str(tmp_path), optim__value_lr=1e-2)
+    assert not any(tmp_path.iterdir())
+
+
 def test_a_checkpoint_from_before_a_config_field_existed_still_loads(agent, tmp_path):
     path = tmp_path / "agent.pt"
     agent.save(path)

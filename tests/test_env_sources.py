@@ -24,10 +24,11 @@ from a3c import A3C
 from a3c.api import evaluate
 from a3c.config import ConfigError, load_config
 from a3c.envs import EnvError, make_env
+from a3c.checkpoint import CheckpointError
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 from conftest import A3C_CLI
-from envs_for_tests import REGISTERED_ID, Corridor, Scale
+from envs_for_tests import REGISTERED_ID, Corridor, Scale, make_corridor
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # restarted actors come from it
 
@@ -260,6 +261,19 @@ def test_a_factory_makes_every_environment_and_a_loaded_agent_needs_it_again(tmp
     assert result.returncode == 2 and "Traceback" not in result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("error: env.factory: this run's environment came from the Python callable")
+
+
+def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folder(tmp_path):
+    agent = A3C(config({"max_episode_steps": 12}, tmp_path / "trained"),
+                env=functools.partial(Corridor, length=6))
+    agent.learn(300, sink=MemorySink()).save(tmp_path / "corridor.pt")
+    # The same spaces, so the weights load and the agent predicts; training on would carry
+    # one environment's optimizer statistics and counters into another's run.
+    loaded = A3C.load(tmp_path / "corridor.pt", env=functools.partial(make_corridor, length=6))
+    runs = set((tmp_path / "trained").iterdir())
+    with pytest.raises(CheckpointError, match="the checkpoint was trained with env = "):
+        loaded.learn(300, sink=MemorySink())
+    assert set((tmp_path / "trained").iterdir()) == runs
 
 
 def test_a_factory_reaches_actor_processes_started_and_restarted_from_the_fork_server(tmp_path):
