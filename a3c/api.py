@@ -90,12 +90,12 @@ class A3C:
         if more < 1:
             raise ValueError(f"learn({total_timesteps}): train for at least 1 more env step")
         cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + more)
+        if self._state is not None:  # before any folder: the trained state fits this config
+            check_compatible(cfg, self._state)
         if cfg.actors.mode == "ray":
             from .remote import check_cluster
 
             check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder
-        if self._state is not None:
-            check_compatible(cfg, self._state)  # a loaded run's environment and model, as well
         self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")

@@ -101,16 +101,24 @@ def check_compatible(cfg: Config, state: dict) -> None:
     except ConfigError as error:
         raise CheckpointError(f"the checkpoint's config is not valid here: {error}") from None
     current = config_to_dict(cfg)
-    for key in ("env", "model", "optim.name"):
-        section, _, name = key.partition(".")
+    for section, names in (("env", None), ("model", None), ("optim", ["name"])):
         then, now = saved[section], current[section]
-        if name:
-            then, now = then[name], now[name]
-        if then != now:
-            raise CheckpointError(
-                f"the checkpoint was trained with {key} = {then} but the config has "
-                f"{key} = {now}; use the run's own config.yaml"
-            )
+        keys = [f"{section}.{name}" for name in names or now if then.get(name) != now[name]]
+        if not keys:
+            continue
+        if keys != ["env.factory"]:
+            fix = "use the run's own config.yaml"
+        elif then["factory"] is None:
+            fix = f"it was trained on env.id {then['id']!r}: load it without env="
+        else:
+            fix = f"pass the callable it was trained with: A3C.load(path, env={then['factory']})"
+        raise CheckpointError(f"the checkpoint was trained with {_settings(then, keys)} but the config has "
+                              f"{_settings(now, keys)}; {fix}")
+
+
+def _settings(section: dict, keys: list[str]) -> str:
+    """`section.name = value, ...` for the dotted keys of one config section."""
+    return ", ".join(f"{key} = {section.get(key.partition('.')[2])!r}" for key in keys)
 
 
 def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None) -> None:

@@ -22,9 +22,9 @@ import yaml
 
 from a3c import A3C
 from a3c.api import evaluate
+from a3c.checkpoint import CheckpointError
 from a3c.config import ConfigError, load_config
 from a3c.envs import EnvError, make_env
-from a3c.checkpoint import CheckpointError
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 from conftest import A3C_CLI
@@ -271,8 +271,12 @@ def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folde
     # one environment's optimizer statistics and counters into another's run.
     loaded = A3C.load(tmp_path / "corridor.pt", env=functools.partial(make_corridor, length=6))
     runs = set((tmp_path / "trained").iterdir())
-    with pytest.raises(CheckpointError, match="the checkpoint was trained with env = "):
+    with pytest.raises(CheckpointError) as refused:
         loaded.learn(300, sink=MemorySink())
+    assert str(refused.value) == (
+        "the checkpoint was trained with env.factory = 'envs_for_tests:Corridor' but the config has "
+        "env.factory = 'envs_for_tests:make_corridor'; pass the callable it was trained with: "
+        "A3C.load(path, env=envs_for_tests:Corridor)")
     assert set((tmp_path / "trained").iterdir()) == runs
 
 
