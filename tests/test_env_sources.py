@@ -263,9 +263,19 @@ def test_a_factory_makes_every_environment_and_a_loaded_agent_needs_it_again(tmp
     assert line.startswith("error: env.factory: this run's environment came from the Python callable")
 
 
-def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folder(tmp_path):
-    agent = A3C(config({"max_episode_steps": 12}, tmp_path / "trained"),
-                env=functools.partial(Corridor, length=6))
+@pytest.mark.parametrize("trained_with, then, fix", [
+    ("factory", "'envs_for_tests:Corridor'", "pass the callable it was trained with: "
+                                              "A3C.load(path, env=envs_for_tests:Corridor)"),
+    ("id", "None", f"it was trained on env.id {REGISTERED_ID!r}: load it without env="),
+])
+def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folder(trained_with, then, fix,
+                                                                                  tmp_path):
+    if trained_with == "factory":
+        agent = A3C(config({"max_episode_steps": 12}, tmp_path / "trained"),
+                    env=functools.partial(Corridor, length=6))
+    else:
+        agent = A3C(config({"id": REGISTERED_ID, "kwargs": {"length": 6}, "max_episode_steps": 12},
+                           tmp_path / "trained"))
     agent.learn(300, sink=MemorySink()).save(tmp_path / "corridor.pt")
     # The same spaces, so the weights load and the agent predicts; training on would carry
     # one environment's optimizer statistics and counters into another's run.
@@ -273,10 +283,8 @@ def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folde
     runs = set((tmp_path / "trained").iterdir())
     with pytest.raises(CheckpointError) as refused:
         loaded.learn(300, sink=MemorySink())
-    assert str(refused.value) == (
-        "the checkpoint was trained with env.factory = 'envs_for_tests:Corridor' but the config has "
-        "env.factory = 'envs_for_tests:make_corridor'; pass the callable it was trained with: "
-        "A3C.load(path, env=envs_for_tests:Corridor)")
+    assert str(refused.value) == (f"the checkpoint was trained with env.factory = {then} but the config has "
+                                  f"env.factory = 'envs_for_tests:make_corridor'; {fix}")
     assert set((tmp_path / "trained").iterdir()) == runs
 
 
