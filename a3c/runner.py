@@ -178,6 +178,7 @@ class Trainer:
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
         sink = monitor = None
+        start = int(self.counters["env_steps"])  # a resumed run's count, before any actor adds to it
         try:  # whatever fails, `_shutdown` releases what was made (counters included)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             env = make_env(cfg.env, env_factory=self.env_factory)
@@ -205,6 +206,9 @@ class Trainer:
                 self.device_copy)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
+            # Where this sitting starts: a resumed run's episodes from here on replace those
+            # an interrupted sitting played past its last checkpoint (scripts/held.py).
+            sink.scalar("perf/start_step", start, start)
             monitor = self.monitor = Monitor(
                 sink, self.counters, self.fragments, self.episodes, self.learner_stats,
                 cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,

@@ -69,6 +69,7 @@ def test_learn_again_continues_from_the_last_counters(tmp_path):
     assert agent._state["counters"]["updates"] > 0
     assert any(not torch.equal(v, agent.model.state_dict()[k]) for k, v in weights.items())
     assert min(step for step, _ in sink.scalars["perf/sps"]) >= first  # steps continue, not restart
+    assert sink.scalars["perf/start_step"] == [(first, first)]  # where the second learn() began
 
 
 def test_predict_one_observation_and_a_batch(agent, observations):

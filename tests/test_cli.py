@@ -46,7 +46,8 @@ TINY = ["actors.num=2", "actors.envs_per_actor=2", "actors.unroll_length=5", "le
 TAGS = ["charts/episodic_return", "charts/episode_length", "perf/sps", "perf/updates_per_s",
         "queue/depth", "queue/full_waits", "queue/empty_waits", "losses/policy", "losses/value",
         "losses/entropy", "losses/clip_fraction", "losses/explained_variance", "losses/grad_norm",
-        "losses/approx_kl", "policy_lag/mean", "policy_lag/max", "charts/learning_rate", "replay/ratio"]
+        "losses/approx_kl", "policy_lag/mean", "policy_lag/max", "charts/learning_rate", "replay/ratio",
+        "perf/start_step"]
 
 
 def a3c(*args, timeout=120):
