@@ -22,7 +22,7 @@ from tensorboard.backend.event_processing.event_file_loader import EventFileLoad
 from tensorboard.compat.proto import summary_pb2
 from tensorboard.util import tensor_util
 
-from bench_train import TASKS, Result, episode_limit
+from bench_train import TASKS, WINDOW, Result, episode_limit
 
 
 def scalars(event_file: Path) -> dict[str, list[tuple[int, float, float]]]:
@@ -36,21 +36,32 @@ def scalars(event_file: Path) -> dict[str, list[tuple[int, float, float]]]:
     return found
 
 
-def episodes(run_dir: Path) -> tuple[list[tuple[int, float, int, float]], int]:
-    """The run's episodes as (env step, return, length, wall time), sittings joined, and the
-    number of sittings. A sitting starts from its checkpoint's step, the first step it
-    writes: the episodes an earlier sitting wrote from there on are dropped."""
+def episodes(run_dir: Path) -> tuple[list[tuple[int, float, int]], int]:
+    """The run's episodes as (env step, return, length), sittings joined in the order they
+    ran, and the number of sittings. Each sitting writes the step it starts from
+    (perf/start_step; before that was written, its first step): the episodes an earlier
+    sitting wrote from there on, played past the checkpoint it resumed from, are dropped."""
     files = [scalars(event_file) for event_file in run_dir.glob("events.out.tfevents.*")]
-    if not files:
-        sys.exit(f"error: {run_dir} has no TensorBoard event files; give a run folder a3c train wrote")
-    played: list[tuple[int, float, int, float]] = []
-    for found in sorted(filter(None, files), key=lambda found: min(v[0][2] for v in found.values())):
+    sittings = sorted(filter(None, files), key=lambda found: min(v[0][2] for v in found.values()))
+    played: list[tuple[int, float, int]] = []
+    for found in sittings:
         returns, lengths = found.get("charts/episodic_return", []), found.get("charts/episode_length", [])
-        start = min(step for values in found.values() for step, _, _ in values)
+        start = found["perf/start_step"][0][0] if "perf/start_step" in found else \
+            min(step for values in found.values() for step, _, _ in values)
         played = [episode for episode in played if episode[0] < start]
-        played += [(step, ret, int(length), wall)
-                   for (step, ret, wall), (_, length, _) in zip(returns, lengths, strict=True)]
-    return played, len(files)
+        # zip: a sitting killed between an episode's return and its length ends with one unpaired
+        played += [(step, ret, int(length)) for (step, ret, _), (_, length, _) in zip(returns, lengths)]
+    return played, len(sittings)
+
+
+def threshold_of(cfg: dict, given: float | None) -> tuple[float, str]:
+    """The threshold to judge the run by, and where it came from."""
+    if given is not None:
+        return given, "given"
+    task = next((name for name, task in TASKS.items() if task.env_id == cfg["env"]["id"]), None)
+    if task is None:
+        sys.exit(f"error: the benchmark has no threshold for {cfg['env']['id']}; pass --threshold")
+    return TASKS[task].threshold, f"the benchmark's {task} task"
 
 
 def main() -> None:
@@ -59,34 +70,29 @@ def main() -> None:
     parser.add_argument("--threshold", type=float, default=None,
                         help="the return to hold (default: the benchmark's for the run's env.id)")
     args = parser.parse_args()
-    if not (args.run_dir / "config.yaml").is_file():
-        sys.exit(f"error: {args.run_dir} has no config.yaml; give a run folder a3c train wrote")
-    env_id = yaml.safe_load((args.run_dir / "config.yaml").read_text())["env"]["id"]
-    threshold = args.threshold if args.threshold is not None else \
-        next((task.threshold for task in TASKS.values() if task.env_id == env_id), None)
-    if threshold is None:
-        sys.exit(f"error: the benchmark has no threshold for {env_id}; pass --threshold")
+    try:
+        cfg = yaml.safe_load((args.run_dir / "config.yaml").read_text())
+        env_id = cfg["env"]["id"]
+    except (OSError, KeyError, TypeError, yaml.YAMLError):
+        sys.exit(f"error: {args.run_dir} has no config.yaml with an env.id; give a run folder a3c train wrote")
+    threshold, source = threshold_of(cfg, args.threshold)
     played, sittings = episodes(args.run_dir)
-    if not played:
-        sys.exit(f"error: {args.run_dir} has no finished episodes yet")
-    result = Result(threshold, time_limit=episode_limit(env_id))
-    launch = played[0][3]
-    for step, ret, length, _ in played:
+    print(f"{args.run_dir.name}: {env_id}, {len(played)} episodes to {played[-1][0] if played else 0} "
+          f"env steps in {sittings} sitting(s); threshold {threshold:g} ({source})")
+    result = Result(threshold, time_limit=cfg["env"].get("max_episode_steps") or episode_limit(env_id))
+    for step, ret, length in played:
         result.episode(step, ret, length)
-    result.finish(played[-1][0])
-    print(f"{args.run_dir.name}: {env_id}, {len(played)} episodes to {result.steps} env steps "
-          f"in {sittings} sitting(s), threshold {threshold:g}")
     if result.hit is None:
-        print(f"never reached {threshold:g}; final last-100 mean {result.final:.1f}")
+        print(f"never reached {threshold:g}; final last-100 mean {result.final:.1f}"
+              + (f" (fewer than {WINDOW} episodes)" if len(played) < WINDOW else ""))
         return
-    step = result.hit[1]
-    wall = next(wall for s, _, _, wall in played if s >= step) - launch
     held = "held" if result.lowest >= threshold else "not held"
     timed_out = f", of them {result.timed_out_share:.0%} at the time limit" \
         if result.time_limit and result.below else ""
-    print(f"first reached at {step} env steps ({wall:.0f} s after the first episode); lowest after "
-          f"{result.lowest:.1f} at {result.lowest_at} ({held}); {result.below_share:.2%} of the "
-          f"{result.after} episodes after below {threshold:g}{timed_out}; final {result.final:.1f}")
+    print(f"first reached at {result.hit[1]} env steps; lowest after {result.lowest:.1f} at "
+          f"{result.lowest_at} ({held}; std of its 100 returns {result.lowest_std:.1f}); "
+          f"{result.below_share:.2%} of the {result.after} episodes after below {threshold:g}{timed_out}; "
+          f"final {result.final:.1f}")
 
 
 if __name__ == "__main__":
