@@ -103,22 +103,22 @@ def check_compatible(cfg: Config, state: dict) -> None:
     current = config_to_dict(cfg)
     for section, names in (("env", None), ("model", None), ("optim", ["name"])):
         then, now = saved[section], current[section]
-        keys = [f"{section}.{name}" for name in names or now if then.get(name) != now[name]]
-        if not keys:
+        differ = [name for name in names or now if then.get(name) != now[name]]
+        if not differ:
             continue
-        if keys != ["env.factory"]:
+        if (section, differ) != ("env", ["factory"]):
             fix = "use the run's own config.yaml"
         elif then["factory"] is None:
             fix = f"it was trained on env.id {then['id']!r}: load it without env="
         else:
             fix = f"pass the callable it was trained with: A3C.load(path, env={then['factory']})"
-        raise CheckpointError(f"the checkpoint was trained with {_settings(then, keys)} but the config has "
-                              f"{_settings(now, keys)}; {fix}")
+        raise CheckpointError(f"the checkpoint was trained with {_settings(section, then, differ)} but the "
+                              f"config has {_settings(section, now, differ)}; {fix}")
 
 
-def _settings(section: dict, keys: list[str]) -> str:
-    """`section.name = value, ...` for the dotted keys of one config section."""
-    return ", ".join(f"{key} = {section.get(key.partition('.')[2])!r}" for key in keys)
+def _settings(section: str, values: dict, names: list[str]) -> str:
+    """`section.name = value, ...` for the named fields of one config section."""
+    return ", ".join(f"{section}.{name} = {values.get(name)!r}" for name in names)
 
 
 def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None) -> None:
