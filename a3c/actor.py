@@ -38,11 +38,14 @@ from .envs import env_action, make_vector_env
 from .model import WeightCopy
 from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
-__all__ = ["EPISODE_DTYPE", "ActorLoop", "SyncGate", "Unroll", "actor_seed", "end_with_parent",
-           "fragment_dtype", "run_actor", "sync_rounds"]
+__all__ = ["EPISODE_DTYPE", "JOIN_TIMEOUT_S", "ActorLoop", "SyncGate", "Unroll", "actor_seed",
+           "end_with_parent", "fragment_dtype", "run_actor", "sync_rounds"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
+# A worker (actor or learner process, or the Ray pump's thread) still running this long
+# after it was asked to stop is stuck, and is killed or left to the process's end.
+JOIN_TIMEOUT_S = 10.0
 
 
 def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int,

@@ -24,7 +24,7 @@ import torch
 from replay import ArrayQueue, Closed, Counters, ReplayBuffer
 
 from . import vtrace
-from .actor import end_with_parent
+from .actor import JOIN_TIMEOUT_S, end_with_parent
 from .config import Config
 from .model import WeightCopy
 from .optim import SharedOptimizer, build_optimizer
@@ -621,9 +621,6 @@ class Learners(NamedTuple):
     lock: Any = None
 
 
-_JOIN_TIMEOUT_S = 10.0  # a learner process still running this long after its stop is stuck
-
-
 def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                    fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
                    replay: ReplayBuffer | None, context, device_copy: DeviceCopy | None = None
@@ -659,7 +656,7 @@ def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimi
     return learners
 
 
-def join_learner(worker, timeout_s: float = _JOIN_TIMEOUT_S) -> None:
+def join_learner(worker, timeout_s: float = JOIN_TIMEOUT_S) -> None:
     """Wait for a stopped learner to end: a thread ends within a gradient step; a process
     still alive after `timeout_s` is stuck, and is killed (a checkpoint without its last
     update is fine)."""

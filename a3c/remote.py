@@ -55,7 +55,7 @@ import torch
 
 from replay import ArrayQueue, Closed, Counters
 
-from .actor import ActorLoop, actor_seed, clone_policy, report_episodes
+from .actor import JOIN_TIMEOUT_S, ActorLoop, actor_seed, clone_policy, report_episodes
 from .config import Config, RayConfig
 from .envs import make_vector_env
 
@@ -67,7 +67,6 @@ _EXTRA = "install the 'ray' extra: pip install \"a3c-replay[ray]\" (from a clone
 _WAIT_S = 0.05  # the pump's longest wait on Ray: it also publishes weights and checks deadlines
 _GET_TIMEOUT_S = 10.0  # reading a result that ray.wait found ready (it is on this node already)
 _CONNECT_TIMEOUT_S = 5.0
-_JOIN_TIMEOUT_S = 10.0
 
 
 class ClusterError(RuntimeError):
@@ -313,7 +312,7 @@ class Pump(threading.Thread):
         self._stopping.set()
         self._store_state = False  # the monitor's last write must not wait on a closing cluster
         if self.is_alive():
-            self.join(_JOIN_TIMEOUT_S)
+            self.join(JOIN_TIMEOUT_S)
         for actor in self._actors:
             self._kill(actor)
         self._actors = [None] * len(self._actors)

@@ -28,7 +28,7 @@ import torch
 
 from replay import ArrayQueue, Counters
 
-from .actor import EPISODE_DTYPE, fragment_dtype, run_actor, sync_rounds
+from .actor import EPISODE_DTYPE, JOIN_TIMEOUT_S, fragment_dtype, run_actor, sync_rounds
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_here, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
@@ -50,7 +50,6 @@ COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_vers
 TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "actor_sync_s", "learner_queue_s",
           "learner_update_s")
 _EPISODE_QUEUE = 4096
-_JOIN_TIMEOUT_S = 10.0
 
 
 def build_default_model(cfg: Config, env_factory: Callable | None = None) -> torch.nn.Module:
@@ -315,7 +314,7 @@ class Trainer:
                     self._pump.stop()  # kills every remote actor
             finally:
                 self._ray.close()  # a Ray instance started for the run stops with it
-        deadline = time.monotonic() + _JOIN_TIMEOUT_S
+        deadline = time.monotonic() + JOIN_TIMEOUT_S
         for actor in self._actors:
             actor.join(max(0.0, deadline - time.monotonic()))
         for actor in self._actors:
