@@ -363,8 +363,8 @@ STABILITY_VARIANTS |= {
 # CartPole at a constant rate (3 seeds of 5 held, two dipped to 439 and 449; in a later
 # sitting 2 of 5, with falls to 177, 392 and 401), against its dips: sync, each batch acted
 # by the policy its update starts from (a policy lag of 3.5 versions against 23), and
-# lr-3e-4, steps a third as long. Both fell deeper: sync to 117 and 204 on seeds 1-2,
-# lr-3e-4 to 112 on seed 3 (it held seed 4).
+# lr-3e-4, steps a third as long. Both fell deeper than the first sitting's dips: sync to
+# 117 and 204 on seeds 1-2, lr-3e-4 to 112 on seed 3 (it held seed 4).
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("sync",), ("lr-3e-4",),
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
