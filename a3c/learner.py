@@ -50,6 +50,9 @@ class Batch(NamedTuple):
     version: torch.Tensor
     bootstrap_obs: Obs
     state: torch.Tensor | None = None  # [B, state_size]: a recurrent policy's state at obs[0]
+    # [T, B]: log pi of the learner's policy before this batch's first gradient step (with
+    # learners.target_kl, which bounds how far an update moves it from there).
+    start_logp: torch.Tensor | None = None
 
 
 class LossStats(NamedTuple):
@@ -67,6 +70,7 @@ class Loss(NamedTuple):
     total: torch.Tensor  # scalar, with gradient
     stats: LossStats
     value_targets: torch.Tensor  # [T, B] V-trace targets v_s, without gradient
+    logp: torch.Tensor  # [T, B] log pi of the batch's actions, without gradient
 
 
 def batch_from_fragments(fragments: np.ndarray, device: torch.device | str = "cpu",
@@ -207,7 +211,7 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
         loss = loss + bound * mean_excess(params[0], model.action_space).mean()
     stats = LossStats(policy_loss.detach(), value_loss.detach(), entropy_mean.detach(), clip_fraction,
                       _explained_variance(returns.vs, values.detach()), approx_kl(log_rhos))
-    return Loss(loss, stats, returns.vs)
+    return Loss(loss, stats, returns.vs, logp.detach())
 
 
 def batch_targets(model: torch.nn.Module, batch: Batch, cfg: Config) -> vtrace.VTraceReturns:
@@ -469,7 +473,11 @@ class Updater:
 
     def train(self, batch: Batch, is_fresh: bool) -> None:
         """`learners.epochs` passes over `batch` (tensors on the model's device, as
-        `batch_from_fragments` makes them); `is_fresh`: from the queue, not replayed."""
+        `batch_from_fragments` makes them); `is_fresh`: from the queue, not replayed.
+
+        With `learners.target_kl`, the passes end early at the first minibatch whose policy
+        has moved more than 1.5 target_kl (approx KL) from the policy the update started
+        from, before that minibatch's step, as Stable-Baselines3's PPO does."""
         cfg, counters, local = self.cfg, self.counters, self.local
         started = time.perf_counter()
         if is_fresh and self.obs_norm is not None:
@@ -481,32 +489,38 @@ class Updater:
         if cfg.learners.fixed_targets and cfg.learners.epochs * cfg.learners.minibatches > 1:
             self.copy_weights()
             fixed = batch_targets(local, batch, cfg)
-        for epoch in range(cfg.learners.epochs):
-            for part, returns in self._pass(batch, fixed):
-                if self.stop is not None and self.stop.is_set():
-                    stopped = True  # the trainer waits for this learner before its last checkpoint
-                    break
-                self.copy_weights()
-                version = counters["policy_version"]
-                loss, loss_stats, targets = compute_loss(local, part, cfg, returns)
-                finite = torch.isfinite(loss)
-                if self.publish is None and not finite:  # on the CPU, reading it costs nothing
-                    counters.add("nonfinite_losses")
-                    continue
-                for p in self.local_params:
-                    p.grad = None
-                loss.backward()
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.local_params, cfg.learners.max_grad_norm)
-                grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
-                         for p, sp in zip(self.local_params, self.shared_params)]
-                self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
-                self.optimizer.step(grads, ok=None if self.publish is None else finite)
-                if epoch == 0 and is_fresh and self.popart is not None:
-                    with self.lock:  # after the step, which was taken at the old statistics
-                        self.popart.update(targets, ok=None if self.publish is None else finite)
-                self._advance()
-                lag = (version - part.version).float()  # learner version minus the one that acted
-                rows.append(torch.stack([*loss_stats, grad_norm, lag.mean(), lag.max(), finite.float()]))
+        max_kl = None if cfg.learners.target_kl is None else 1.5 * cfg.learners.target_kl
+        if max_kl is not None:
+            batch = batch._replace(start_logp=self._start_logp(batch))
+        for epoch, part, returns in self._steps(batch, fixed):
+            if self.stop is not None and self.stop.is_set():
+                stopped = True  # the trainer waits for this learner before its last checkpoint
+                break
+            self.copy_weights()
+            version = counters["policy_version"]
+            loss = compute_loss(local, part, cfg, returns)
+            finite = torch.isfinite(loss.total)
+            if self.publish is None and not finite:  # on the CPU, reading it costs nothing
+                counters.add("nonfinite_losses")
+                continue
+            # On an accelerator, reading the KL waits for the device: target_kl's price there.
+            if max_kl is not None and float(approx_kl(loss.logp - part.start_logp)) > max_kl:
+                counters.add("kl_stops")
+                break
+            for p in self.local_params:
+                p.grad = None
+            loss.total.backward()
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.local_params, cfg.learners.max_grad_norm)
+            grads = [torch.zeros_like(sp) if p.grad is None else p.grad.to(sp.device)
+                     for p, sp in zip(self.local_params, self.shared_params)]
+            self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
+            self.optimizer.step(grads, ok=None if self.publish is None else finite)
+            if epoch == 0 and is_fresh and self.popart is not None:
+                with self.lock:  # after the step, which was taken at the old statistics
+                    self.popart.update(loss.value_targets, ok=None if self.publish is None else finite)
+            self._advance()
+            lag = (version - part.version).float()  # learner version minus the one that acted
+            rows.append(torch.stack([*loss.stats, grad_norm, lag.mean(), lag.max(), finite.float()]))
         if is_fresh and not stopped:  # synchronous actors act the next batch once its policy is theirs
             if cfg.actors.sync:
                 self.flush()
@@ -516,6 +530,19 @@ class Updater:
             # from its pinned buffer is done too, and the buffer may take the next batch.
             self._report(torch.stack(rows).cpu().numpy(), is_fresh)
         counters.add("learner_update_s", time.perf_counter() - started)
+
+    def _start_logp(self, batch: Batch) -> torch.Tensor:
+        """log pi [T, B] of the batch's actions under the shared policy as it is now."""
+        self.copy_weights()
+        with torch.no_grad():
+            return evaluate_batch(self.local, batch)[0]
+
+    def _steps(self, batch: Batch, fixed: vtrace.VTraceReturns | None):
+        """(epoch, minibatch, its targets or None) for every gradient step of the update,
+        each pass's minibatches made as its turn comes (with the model as it is then)."""
+        for epoch in range(self.cfg.learners.epochs):
+            for part, returns in self._pass(batch, fixed):
+                yield epoch, part, returns
 
     def _pass(self, batch: Batch, fixed: vtrace.VTraceReturns | None
               ) -> list[tuple[Batch, vtrace.VTraceReturns | None]]:
@@ -723,7 +750,8 @@ def step_minibatches(model: torch.nn.Module, batch: Batch, cfg: Config,
     def flat(field: torch.Tensor) -> torch.Tensor:  # [T, B, ...] -> [T * B, ...], copied once a pass
         return field.reshape(T * B, *field.shape[2:])
 
-    fields = [None if name in _PER_FRAGMENT else tree_map(flat, field) for name, field in zip(Batch._fields, batch)]
+    fields = [None if name in _PER_FRAGMENT or field is None else tree_map(flat, field)
+              for name, field in zip(Batch._fields, batch)]
     targets = [flat(x) for x in returns]
 
     def part(idx: torch.Tensor) -> tuple[Batch, vtrace.VTraceReturns]:

@@ -138,6 +138,7 @@ class Monitor(threading.Thread):
         scalar("perf/episodes", counts["episodes"], step)
         scalar("perf/actor_restarts", counts["actor_restarts"], step)
         scalar("perf/nonfinite_losses", counts["nonfinite_losses"], step)
+        scalar("perf/kl_stops", counts["kl_stops"], step)
         queue_stats = self.fragments.stats()
         scalar("queue/depth", self.fragments.qsize(), step)
         scalar("queue/puts", counts["queue_puts"], step)

@@ -42,9 +42,10 @@ __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compat
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
 # fresh_batches: fresh batches the learners have trained on (synchronous actors wait for it).
+# kl_stops: updates whose passes learners.target_kl ended early.
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
             "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses",
-            "fragments_lost", "fresh_batches")
+            "fragments_lost", "fresh_batches", "kl_stops")
 # Seconds spent, summed over workers: the per-part time profile.
 # actor_sync_s: synchronous actors (actors.sync) waiting for the learner's update.
 TIMERS = ("actor_env_s", "actor_policy_s", "actor_queue_s", "actor_sync_s", "learner_queue_s",

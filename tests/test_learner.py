@@ -131,7 +131,7 @@ def test_on_policy_loss_is_the_n_step_actor_critic_loss_with_cut_and_bootstrappe
     expected = policy + 0.5 * value - 0.01 * ENTROPY
 
     model = FixedModel()
-    loss, stats, _ = compute_loss(model, batch, config(gamma=g))
+    loss, stats, *_ = compute_loss(model, batch, config(gamma=g))
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert stats.policy == pytest.approx(policy, rel=1e-5)
     assert stats.value == pytest.approx(value, rel=1e-5)
@@ -182,7 +182,7 @@ def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_p
                        behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
     cfg = config(gamma=g, clip_coef=0.2)
     model = FixedModel()
-    loss, stats, _ = compute_loss(model, batch, cfg)
+    loss, stats, *_ = compute_loss(model, batch, cfg)
     A = r + g * boot - V
     assert stats.policy == pytest.approx(-(1.2 * A + 0.5 * A) / 2, rel=1e-5)
     assert stats.clip_fraction == 1.0
@@ -335,6 +335,50 @@ def test_fixed_targets_are_the_batchs_before_its_first_step_in_every_pass_and_no
     targets, policy, expected = steps[-1]
     assert targets != pytest.approx({obs: before[obs] for obs in targets})
     assert policy != pytest.approx(expected, rel=1e-5)
+
+
+def kl_bounded_update(target_kl, split, monkeypatch):
+    """Train FixedModel on step_batch (3 passes in 2 minibatches of `split`) with
+    `target_kl`; return per minibatch its approx KL from the policy before the update, and
+    the counters."""
+    cfg = config(minibatch_split=split, minibatches=2, epochs=3, target_kl=target_kl, clip_coef=0.2)
+    cfg.optim.lr = 0.05  # steps that move the policy
+    model, batch = FixedModel(), step_batch()
+    start = {obs: logp for obs, logp in zip(batch.obs[..., 0].flatten().tolist(),
+                                            evaluate_batch(model, batch)[0].detach().flatten().tolist())}
+    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
+    updater = Updater(cfg, model, SharedAdam(model.parameters(), cfg.optim.lr), counters, stats)
+    kls = []
+
+    def recording(local, part, cfg, returns=None):
+        loss = compute_loss(local, part, cfg, returns)
+        if target_kl is not None:  # the learner's start is the model's before the update
+            expected = [start[obs] for obs in part.obs[..., 0].flatten().tolist()]
+            assert part.start_logp.flatten().tolist() == pytest.approx(expected)
+            kls.append(approx_kl(loss.logp - part.start_logp).item())
+        return loss
+
+    monkeypatch.setattr(learner, "compute_loss", recording)
+    try:
+        updater.train(batch, True)
+        return kls, counters.snapshot()
+    finally:
+        counters.close()
+        stats.close()
+
+
+@pytest.mark.parametrize("split", ["fragments", "steps"])
+def test_target_kl_ends_the_update_at_the_first_minibatch_past_one_and_a_half_times_it(split, monkeypatch):
+    _, unbounded = kl_bounded_update(None, split, monkeypatch)
+    assert unbounded["updates"] == 6 and unbounded["kl_stops"] == 0
+    kls, counts = kl_bounded_update(1e-3, split, monkeypatch)
+    assert kls[0] == pytest.approx(0.0, abs=1e-7)  # the first step is always taken
+    assert 1 <= counts["updates"] < 6 and counts["kl_stops"] == 1
+    assert len(kls) == counts["updates"] + 1  # every minibatch checked, the last one not stepped
+    assert max(kls[:-1]) <= 1.5e-3 < kls[-1]
+    assert counts["fresh_batches"] == 1  # an early end is still a trained batch
+    kls, counts = kl_bounded_update(10.0, split, monkeypatch)
+    assert counts["updates"] == 6 and counts["kl_stops"] == 0 and max(kls) < 15
 
 
 # A bounded range, a range 4 wide off zero, and an unbounded dimension.
