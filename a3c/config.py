@@ -124,10 +124,11 @@ class LearnersConfig:
     clip_coef: float | None = _f(
         0.2, "PPO clip of the ratio pi/mu in the policy loss (null: IMPALA's policy gradient)", gt=0)
     target_kl: float | None = _f(
-        None, "end an update's passes at the first minibatch whose policy is more than 1.5 "
-              "target_kl (approx KL) from the policy the update began with, before its step, as "
-              "Stable-Baselines3's PPO does (null: every pass runs; on an accelerator each check "
-              "waits for the device)", gt=0)
+        None, "end a batch's passes before the step of the first minibatch (after the first) "
+              "whose approx KL from the policy the batch's update began with exceeds 1.5 x "
+              "target_kl, as Stable-Baselines3's PPO ends its epochs; not the KL of "
+              "losses/approx_kl, which is from the acting policy (null: every pass runs; on an "
+              "accelerator each check waits for the device)", gt=0)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     advantage_std_floor: float = _f(
         0.1, "with PopArt: normalize_advantages divides by the minibatch's std, but by no less "

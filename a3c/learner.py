@@ -450,10 +450,11 @@ class Updater:
     statistics lock (`lock`, or `statistics_lock(shared)`).
 
     With `publish` (a learner on an accelerator, whose `shared` is the `DeviceCopy`'s
-    model) nothing in a gradient step waits for the device: a non-finite loss skips its
-    step on the device (the optimizer's `ok`), the losses are read once per batch, and
-    `publish()` copies the model to the actors' every `learners.publish_every` steps,
-    which is when the policy version advances (by the steps published, skipped or not)."""
+    model) nothing in a gradient step waits for the device, except `learners.target_kl`'s
+    check: a non-finite loss skips its step on the device (the optimizer's `ok`), the
+    losses are read once per batch, and `publish()` copies the model to the actors' every
+    `learners.publish_every` steps, which is when the policy version advances (by the
+    steps published, skipped or not)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                  counters: Counters, stats: ArrayQueue, lock=None, stop=None, publish=None):
@@ -475,9 +476,14 @@ class Updater:
         """`learners.epochs` passes over `batch` (tensors on the model's device, as
         `batch_from_fragments` makes them); `is_fresh`: from the queue, not replayed.
 
-        With `learners.target_kl`, the passes end early at the first minibatch whose policy
-        has moved more than 1.5 target_kl (approx KL) from the policy the update started
-        from, before that minibatch's step, as Stable-Baselines3's PPO does."""
+        With `learners.target_kl`, the passes end before the step of the first minibatch
+        (after the first) at which the policy's approximate KL from the one the update
+        began with exceeds 1.5 x target_kl, as Stable-Baselines3's PPO ends its epochs. The
+        KL is estimated on the batch's actions, which the acting policy drew: exact in
+        expectation where that is the policy the update began with (`actors.sync`, one
+        learner); with more learners, their steps during the update count too. A pass cut
+        short in the first epoch leaves its remaining minibatches' targets out of PopArt's
+        statistics."""
         cfg, counters, local = self.cfg, self.counters, self.local
         started = time.perf_counter()
         if is_fresh and self.obs_norm is not None:
@@ -486,12 +492,16 @@ class Updater:
         rows = []  # per gradient step, on the device: the losses, the lag, whether finite
         stopped = False
         fixed = None  # the targets of every pass (learners.fixed_targets), else each pass's or minibatch's own
-        if cfg.learners.fixed_targets and cfg.learners.epochs * cfg.learners.minibatches > 1:
-            self.copy_weights()
-            fixed = batch_targets(local, batch, cfg)
-        max_kl = None if cfg.learners.target_kl is None else 1.5 * cfg.learners.target_kl
-        if max_kl is not None:
-            batch = batch._replace(start_logp=self._start_logp(batch))
+        several = cfg.learners.epochs * cfg.learners.minibatches > 1
+        max_kl = 1.5 * cfg.learners.target_kl if several and cfg.learners.target_kl is not None else None
+        if several and (cfg.learners.fixed_targets or max_kl is not None):
+            self.copy_weights()  # the policy the update begins with, in one forward pass
+            with torch.no_grad():
+                logp, _, values, bootstrap_value = evaluate_batch(local, batch)
+            if cfg.learners.fixed_targets:
+                fixed = vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
+            if max_kl is not None:
+                batch = batch._replace(start_logp=logp)
         for epoch, part, returns in self._steps(batch, fixed):
             if self.stop is not None and self.stop.is_set():
                 stopped = True  # the trainer waits for this learner before its last checkpoint
@@ -504,7 +514,7 @@ class Updater:
                 counters.add("nonfinite_losses")
                 continue
             # On an accelerator, reading the KL waits for the device: target_kl's price there.
-            if max_kl is not None and float(approx_kl(loss.logp - part.start_logp)) > max_kl:
+            if max_kl is not None and rows and float(approx_kl(loss.logp - part.start_logp)) > max_kl:
                 counters.add("kl_stops")
                 break
             for p in self.local_params:
@@ -530,12 +540,6 @@ class Updater:
             # from its pinned buffer is done too, and the buffer may take the next batch.
             self._report(torch.stack(rows).cpu().numpy(), is_fresh)
         counters.add("learner_update_s", time.perf_counter() - started)
-
-    def _start_logp(self, batch: Batch) -> torch.Tensor:
-        """log pi [T, B] of the batch's actions under the shared policy as it is now."""
-        self.copy_weights()
-        with torch.no_grad():
-            return evaluate_batch(self.local, batch)[0]
 
     def _steps(self, batch: Batch, fixed: vtrace.VTraceReturns | None):
         """(epoch, minibatch, its targets or None) for every gradient step of the update,
@@ -627,7 +631,7 @@ class DeviceCopy:
     shared CPU model, the one the actors read and checkpoints save, once every
     `learners.publish_every` gradient steps. The learner waits for the device there and
     once per batch, never inside a gradient step (as in TorchBeast's and Sample Factory's
-    GPU learners). `device` (default: `learners.device`) lets a test put the copy on the
+    GPU learners) unless `learners.target_kl` reads each step's KL. `device` (default: `learners.device`) lets a test put the copy on the
     CPU, where the same logic runs."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,

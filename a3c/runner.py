@@ -42,7 +42,7 @@ __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compat
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
 # fresh_batches: fresh batches the learners have trained on (synchronous actors wait for it).
-# kl_stops: updates whose passes learners.target_kl ended early.
+# kl_stops: batches (fresh or replayed) whose passes learners.target_kl ended early.
 COUNTERS = ("env_steps", "episodes", "episodes_dropped", "updates", "policy_version",
             "queue_puts", "queue_gets", "replayed", "actor_restarts", "nonfinite_losses",
             "fragments_lost", "fresh_batches", "kl_stops")

@@ -586,8 +586,9 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
                     "replay_ratio": c["replayed"] / fresh,
                     "reuse": epochs * (fresh + c["replayed"]) / fresh,
                     **{name: float(np.mean(charts[tag])) for tag, name in CHARTS.items() if tag in charts}}
-    if agent.config.learners.target_kl is not None:  # the share of fresh batches whose passes it ended
-        result.extra["kl_stopped"] = c["kl_stops"] / max(c["fresh_batches"], 1)
+    if agent.config.learners.target_kl is not None:  # the share of batches whose passes it ended
+        batches = c["fresh_batches"] + c["replayed"] / agent.config.learners.batch_size
+        result.extra["kl_stopped"] = c["kl_stops"] / max(batches, 1)
     return result
 
 

@@ -161,6 +161,20 @@ def test_a_learner_training_a_device_copy_ends_where_one_training_the_shared_mod
     assert len(device.steps.get_many(100, block=False)) == 10  # every step reported
 
 
+def test_target_kl_ends_the_same_passes_on_a_device_copy_as_on_the_shared_model(runs):
+    cfg = config(publish_every=3, minibatches=2, target_kl=1e-4)
+    cfg.optim.lr = 0.05  # steps that move the policy past the bound
+    direct, device = runs(cfg, False), runs(cfg, True)
+    for i, records in enumerate(batches(5)):
+        for run in (direct, device):
+            torch.manual_seed(i)
+            run.train(records)
+    assert direct.counters["kl_stops"] == device.counters["kl_stops"] > 0
+    assert direct.counters["updates"] == device.counters["updates"] < 5 * 4
+    device.updater.flush()
+    assert_same(direct.shared.state_dict(), device.shared.state_dict(), "shared")
+
+
 def test_with_synchronous_actors_a_device_learner_publishes_each_batch_before_counting_it(runs):
     """Synchronous actors act once a fresh batch is counted: by then the shared model
     must be the copy's, though 2 steps a batch do not fill a publish of 3."""
