@@ -631,8 +631,8 @@ class DeviceCopy:
     shared CPU model, the one the actors read and checkpoints save, once every
     `learners.publish_every` gradient steps. The learner waits for the device there and
     once per batch, never inside a gradient step (as in TorchBeast's and Sample Factory's
-    GPU learners) unless `learners.target_kl` reads each step's KL. `device` (default: `learners.device`) lets a test put the copy on the
-    CPU, where the same logic runs."""
+    GPU learners) unless `learners.target_kl` reads each step's KL. `device` (default:
+    `learners.device`) lets a test put the copy on the CPU, where the same logic runs."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                  device: torch.device | str | None = None):
