@@ -228,7 +228,7 @@ STABILITY_VARIANTS = {
     # floor kept at its size as in gamma-0.999-floor-0.001.
     "zoo-horizon": {"learners__gamma": 0.999, "vtrace__td_lambda": 0.98, "learners__value_scale_floor": 0.001},
     # The zoo's CartPole horizon and trace lambda (gamma 0.98, gae_lambda 0.8): advantages
-    # that sum about 4 TD errors, not a whole 8-step fragment's, as SB3 PPO's on CartPole do.
+    # that sum about 5 TD errors, not a whole 8-step fragment's, as SB3 PPO's on CartPole do.
     # At a constant rate it held 2 seeds of 5 with three times the shipped share of failures.
     "cartpole-zoo-horizon": {"learners__gamma": 0.98, "vtrace__td_lambda": 0.8},
     # Fragments twice as long, as many env steps per batch and queue: half the bootstraps.
