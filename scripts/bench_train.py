@@ -380,7 +380,7 @@ STABILITY_VARIANTS |= {
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("sync",), ("lr-3e-4",), ("target-kl-0.02",), ("target-kl-0.01",), ("no-target-kl",),
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
-    ("cartpole-zoo-horizon",), ("own-value-torso", "cartpole-zoo-horizon"),
+    ("cartpole-zoo-horizon",),
     ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"),
     *(("own-value-torso", "minibatches-2", name) for name in
       ("ent-0.01", "lambda-0.95", "clip-0.1", "no-popart", "batch-64")),
