@@ -129,6 +129,13 @@ class LearnersConfig:
               "target_kl, as Stable-Baselines3's PPO ends its epochs; not the KL of "
               "losses/approx_kl, which is from the acting policy (null: every pass runs; on an "
               "accelerator each check waits for the device)", gt=0)
+    proximal_decay: float | None = _f(
+        None, "centre the clip on an exponential moving average of the learner's weights, which "
+              "after each gradient step keeps this share of itself and takes the rest from the policy "
+              "(0.99: about the last 100 steps; PPO-EWMA, Hilton et al. 2022); each step's term is "
+              "weighted by average/acting policy, capped at vtrace.clip_pg_rho_threshold (null: the "
+              "clip is centred on the acting policy)",
+        gt=0, lt=1)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     advantage_std_floor: float = _f(
         0.1, "with PopArt: normalize_advantages divides by the minibatch's std, but by no less "
@@ -569,6 +576,10 @@ def _validate(data: Mapping[str, Any], problems: list[str], source: str | None) 
             and cfg.learners.minibatch_split == "steps" and cfg.model.lstm:
         problems.append(f"learners.minibatch_split: steps needs a feedforward model, and model.lstm is "
                         f"{cfg.model.lstm}; split by fragments, or set model.lstm to 0")
+    if not ({"learners.proximal_decay", "learners.clip_coef"} & bad) \
+            and cfg.learners.proximal_decay is not None and cfg.learners.clip_coef is None:
+        problems.append(f"learners.proximal_decay: {cfg.learners.proximal_decay} centres PPO's clip, and "
+                        f"learners.clip_coef is null; set clip_coef (e.g. 0.2), or proximal_decay to null")
     _check_sync(cfg, problems, bad)
     _check_env(cfg.env, problems, bad)
     env_data = data.get("env")

@@ -10,6 +10,7 @@ records for the monitor), so it does not matter which process it runs in.
 from __future__ import annotations
 
 import copy
+import math
 import queue
 import signal
 import threading
@@ -30,10 +31,10 @@ from .model import WeightCopy
 from .optim import SharedOptimizer, build_optimizer
 from .spaces import Obs, tree_map
 
-__all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "STEP_DTYPE", "Updater",
-           "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "join_learner", "mean_excess",
-           "replay_buffer", "run_learner", "start_learners", "statistics_lock", "step_minibatches", "step_queue",
-           "vtrace_returns"]
+__all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "ProximalPolicy", "STEP_DTYPE",
+           "Updater", "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "join_learner",
+           "mean_excess", "replay_buffer", "run_learner", "start_learners", "statistics_lock", "step_minibatches",
+           "step_queue", "vtrace_returns"]
 
 
 class Batch(NamedTuple):
@@ -53,6 +54,8 @@ class Batch(NamedTuple):
     # [T, B]: log pi of the learner's policy before this batch's first gradient step (with
     # learners.target_kl, which bounds how far an update moves it from there).
     start_logp: torch.Tensor | None = None
+    # [T, B]: log pi of the learner's proximal policy (learners.proximal_decay), the centre of the clip.
+    prox_logp: torch.Tensor | None = None
 
 
 class LossStats(NamedTuple):
@@ -146,15 +149,18 @@ def evaluate_batch(model: torch.nn.Module, batch: Batch, with_params: bool = Fal
 
     `with_params` (a feedforward model): the policy parameters [T * B, P] of the same
     forward pass are returned fifth (for `mean_excess`), so that they cost no second pass.
-    A batch without bootstrap_obs (a minibatch of steps) has no bootstrap values (None)."""
+    A batch without bootstrap_obs (a minibatch of steps, or a batch whose log-probs alone
+    are wanted) has no bootstrap values (None)."""
     T, B = batch.reward.shape
     if batch.state is not None:
         done = batch.terminated | batch.truncated
         starts = torch.cat([torch.zeros_like(done[:1]), done[:-1]])  # obs[t] begins an episode
         logp, entropy, values, state = model.evaluate_recurrent(batch.obs, batch.action,
                                                                 batch.state, starts)
-        with torch.no_grad():
-            _, bootstrap_value, _ = model.step(batch.bootstrap_obs, state, done[-1])
+        bootstrap_value = None
+        if batch.bootstrap_obs is not None:
+            with torch.no_grad():
+                _, bootstrap_value, _ = model.step(batch.bootstrap_obs, state, done[-1])
         return logp, entropy, values, bootstrap_value
     obs = tree_map(lambda x: x.reshape(T * B, *x.shape[2:]), batch.obs)
     action = batch.action.reshape(T * B, *batch.action.shape[2:])
@@ -173,7 +179,9 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
     """IMPALA's actor-critic loss with V-trace targets (Espeholt et al. 2018, eq. 1-2), or,
     with `learners.clip_coef`, PPO's clipped objective on V-trace advantages as in
     asynchronous PPO (Schulman et al. 2017, eq. 7; the ratio is pi over the behaviour
-    policy mu, whose data may be a few updates old).
+    policy mu, whose data may be a few updates old). A batch with `prox_logp` (a learner
+    with `learners.proximal_decay` gives it one) centres the clip on that proximal policy
+    instead, PPO-EWMA's objective (Hilton et al. 2022): see ProximalPolicy.
 
     The targets come from the same forward pass as the loss, or, given `returns` (a
     minibatch of steps, see `step_minibatches`, or any minibatch with
@@ -197,10 +205,16 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
         policy_loss = -(logp * advantages).mean()
         clip_fraction = torch.zeros((), device=policy_loss.device)
     else:
+        # PPO-EWMA (learners.proximal_decay): the clip centred on the proximal policy, each
+        # step weighted by proximal/behaviour, capped as V-trace caps its policy gradient.
         advantages = _normalized(returns.advantages, normalize, floor)
-        ratio = torch.exp(logp - batch.logp)
-        policy_loss = -torch.min(ratio * advantages,
-                                 ratio.clamp(1 - clip, 1 + clip) * advantages).mean()
+        centre = batch.logp if batch.prox_logp is None else batch.prox_logp
+        ratio = torch.exp(logp - centre)
+        surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
+        if batch.prox_logp is not None:
+            cap = cfg.vtrace.clip_pg_rho_threshold
+            surrogate = surrogate * torch.exp(centre - batch.logp).clamp(max=math.inf if cap is None else cap)
+        policy_loss = -surrogate.mean()
         clip_fraction = ((ratio - 1).abs() > clip).float().mean()
     # With PopArt the value error is measured in units of the value scale, so that
     # returns of -500 weigh no more in the loss than returns of 1.
@@ -442,6 +456,39 @@ def _records(n: int, dtype: np.dtype, pinned: bool) -> np.ndarray:
     return memory.numpy().view(dtype)  # the array keeps the tensor, and so the memory, alive
 
 
+class ProximalPolicy:
+    """PPO-EWMA's proximal policy (Hilton et al. 2022, learners.proximal_decay): an
+    exponential moving average of `model`'s weights, moved after each gradient step a
+    learner hands to the shared optimizer. Centring the clip on it, not on the acting
+    policy, bounds how far the policy moves over many updates, not only within one: the
+    average trails the policy by about 1 / (1 - decay) steps, whatever the actors' lag.
+    The steps' terms are weighted by proximal/behaviour, which corrects for the data's
+    having been acted by another policy (compute_loss).
+
+    Each learner keeps its own average, from the model as that learner starts (a resumed
+    run starts it afresh: it is not in the checkpoint)."""
+
+    def __init__(self, model: torch.nn.Module, decay: float):
+        self.model = copy.deepcopy(model).requires_grad_(False)
+        self.decay = decay
+        self.params = list(zip(self.model.parameters(), model.parameters()))
+        self.buffers = list(zip(self.model.buffers(), model.buffers()))
+
+    @torch.no_grad()
+    def update(self) -> None:
+        """`model` has taken a step: move the average (1 - decay) of the way towards it."""
+        for mine, theirs in self.params:
+            mine.lerp_(theirs, 1.0 - self.decay)
+
+    @torch.no_grad()
+    def logp(self, batch: Batch) -> torch.Tensor:
+        """log pi [T, B] of the batch's actions under the average, with `model`'s running
+        statistics (observation normalization) as they are now: they are not averaged."""
+        for mine, theirs in self.buffers:
+            mine.copy_(theirs)
+        return evaluate_batch(self.model, batch._replace(bootstrap_obs=None))[0]  # no bootstrap values
+
+
 class Updater:
     """Trains the shared model on batches: `learners.epochs` passes in
     `learners.minibatches` parts, each a gradient step computed on this learner's copy
@@ -469,6 +516,8 @@ class Updater:
         self.obs_norm = getattr(shared, "obs_norm", None)
         self.popart = getattr(shared, "popart", None)
         self.lock = lock if lock is not None else statistics_lock(shared)
+        decay = cfg.learners.proximal_decay
+        self.proximal = None if decay is None else ProximalPolicy(shared, decay)
         steps = cfg.learners.epochs * cfg.learners.minibatches
         self.reports = np.zeros(steps, STEP_DTYPE)  # this batch's, handed over at its end
 
@@ -502,6 +551,8 @@ class Updater:
                 fixed = vtrace_returns(batch, logp - batch.logp, values, bootstrap_value, cfg)
             if max_kl is not None:
                 batch = batch._replace(start_logp=logp)
+        if self.proximal is not None:
+            batch = batch._replace(prox_logp=self.proximal.logp(batch))
         for epoch, part, returns in self._steps(batch, fixed):
             if self.stop is not None and self.stop.is_set():
                 stopped = True  # the trainer waits for this learner before its last checkpoint
@@ -525,6 +576,8 @@ class Updater:
                      for p, sp in zip(self.local_params, self.shared_params)]
             self.optimizer.lr = _learning_rate(cfg, counters["env_steps"])
             self.optimizer.step(grads, ok=None if self.publish is None else finite)
+            if self.proximal is not None:
+                self.proximal.update()
             if epoch == 0 and is_fresh and self.popart is not None:
                 with self.lock:  # after the step, which was taken at the old statistics
                     self.popart.update(loss.value_targets, ok=None if self.publish is None else finite)

@@ -252,6 +252,11 @@ STABILITY_VARIANTS = {
     "target-kl-0.02": {"learners__target_kl": 0.02},
     "target-kl-0.01": {"learners__target_kl": 0.01},
     "no-target-kl": {"learners__target_kl": None},
+    # PPO-EWMA: the clip centred on an average of the learner's policy over about 20 or 100
+    # of its steps, not on the acting policy, so that the trust region bounds how far the
+    # policy drifts over many updates, not only within one.
+    "prox-0.95": {"learners__proximal_decay": 0.95},
+    "prox-0.99": {"learners__proximal_decay": 0.99},
     # V-trace's targets computed once per batch and kept for every pass, as SB3 PPO keeps
     # its advantages and returns for all its epochs.
     "fixed-targets": {"learners__fixed_targets": True},
@@ -379,6 +384,7 @@ STABILITY_VARIANTS |= {
 # 117 and 204 on seeds 1-2, lr-3e-4 to 112 on seed 3 (it held seed 4).
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("sync",), ("lr-3e-4",), ("target-kl-0.02",), ("target-kl-0.01",), ("no-target-kl",),
+    ("prox-0.95",), ("prox-0.99",),
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
     ("cartpole-zoo-horizon",),
     ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"),

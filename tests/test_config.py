@@ -137,6 +137,13 @@ def test_atari_preprocessing_requires_frameskip_1_in_the_base_env():
     assert load_config({"env": {"id": "ALE/Pong-v5", "atari": True, "kwargs": {"frameskip": 1}}}).env.atari
 
 
+def test_proximal_decay_without_the_clip_it_centres_is_refused_with_the_fix():
+    (problem,) = problems({"learners": {"proximal_decay": 0.99, "clip_coef": None}})
+    assert "learners.proximal_decay" in problem and "clip_coef is null" in problem and "set clip_coef" in problem
+    (problem,) = problems({"learners": {"proximal_decay": 1.0}})
+    assert "learners.proximal_decay" in problem
+
+
 def test_bound_coef_with_a_recurrent_model_is_refused_with_the_fix():
     (problem,) = problems({"learners": {"bound_coef": 0.1}, "model": {"lstm": 64}})
     assert "learners.bound_coef" in problem and "model.lstm" in problem and "set one of them to 0" in problem

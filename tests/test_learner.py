@@ -1,5 +1,6 @@
 """The learner: the V-trace loss on hand-made batches, batching of fragments, the shared
 optimizers, and the learner loop's handling of partial batches and non-finite losses."""
+import copy
 import math
 import queue
 import threading
@@ -194,6 +195,89 @@ def test_clipped_objective_is_ppos_on_vtrace_advantages_and_stops_the_gradient_p
     ratio0 = torch.exp(torch.log_softmax(expected.logits, -1)[0] - math.log(0.5))
     (-(ratio0 * A) / 2 - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
     torch.testing.assert_close(model.logits.grad, expected.logits.grad)
+
+
+def test_proximal_clip_is_centred_on_the_proximal_policy_and_weighted_by_its_capped_ratio_to_the_behaviour():
+    """PPO-EWMA: the ratio is pi over the proximal policy, and each step's term is weighted by
+    proximal/behaviour, capped at vtrace.clip_pg_rho_threshold (1). Action 1: pi/prox is
+    0.75/0.6 = 1.25, clipped to 1.2 (no gradient), its weight 0.6/0.5 = 1.2 capped to 1.
+    Action 0: pi/prox is 0.25/0.3 inside the clip, its weight 0.3/0.5 = 0.6."""
+    g, V, r, boot = 0.9, 0.5, 1.0, 4.0
+    batch = hand_batch([[V], [V]], [[r], [r]], [[1], [0]], [boot, boot],
+                       behaviour_logp=[[math.log(0.5)], [math.log(0.5)]])
+    batch = batch._replace(prox_logp=torch.log(torch.tensor([[0.6, 0.3]])))
+    cfg = config(gamma=g, clip_coef=0.2, proximal_decay=0.9)
+    model = FixedModel()
+    loss, stats, *_ = compute_loss(model, batch, cfg)
+    A = r + g * boot - V
+    assert stats.policy == pytest.approx(-(1.2 * A + 0.6 * (0.25 / 0.3) * A) / 2, rel=1e-5)
+    assert stats.clip_fraction == 0.5
+
+    loss.backward()
+    expected = FixedModel()  # only action 0's term carries a gradient, weighted by 0.6
+    ratio0 = torch.exp(torch.log_softmax(expected.logits, -1)[0] - math.log(0.3))
+    (-(0.6 * ratio0 * A) / 2 - 0.01 * Categorical(logits=expected.logits).entropy()).backward()
+    torch.testing.assert_close(model.logits.grad, expected.logits.grad)
+
+
+def test_proximal_policy_averages_the_models_weights_and_reads_its_statistics_as_they_are_now():
+    model = build_model(OBS_SPACE, ACTION_SPACE, hidden_sizes=(4,), normalize_obs=True)
+    proximal = learner.ProximalPolicy(model, 0.9)
+    before = [p.detach().clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    proximal.update()
+    for mine, old, new in zip(proximal.model.parameters(), before, model.parameters()):
+        torch.testing.assert_close(mine, 0.9 * old + 0.1 * new)
+        assert not mine.requires_grad
+
+    batch = step_batch()
+    model.obs_norm.update(torch.full((64, 1), 5.0))  # statistics move, the average does not hold them
+    average = copy.deepcopy(model)
+    with torch.no_grad():
+        for mine, p in zip(average.parameters(), proximal.model.parameters()):
+            mine.copy_(p)
+    torch.testing.assert_close(proximal.logp(batch), evaluate_batch(average, batch)[0].detach())
+
+
+def test_a_learner_centres_each_batch_on_its_proximal_average_and_moves_it_after_every_gradient_step(monkeypatch):
+    """Two batches of 3 passes in 2 minibatches: each minibatch's proximal log-probs are
+    the average's when its batch began, and the average after the 12 steps is the
+    exponential average of the parameters each step left."""
+    cfg = config(minibatches=2, epochs=3, clip_coef=0.2, proximal_decay=0.8)
+    cfg.optim.lr = 0.05
+    torch.manual_seed(0)
+    model, batch = FixedModel(), step_batch()
+    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
+    updater = Updater(cfg, model, SharedAdam(model.parameters(), cfg.optim.lr), counters, stats)
+    average = [p.detach().clone() for p in model.parameters()]
+    centres, steps = [], updater.optimizer.step
+
+    def recording(local, part, cfg, returns=None):
+        centres.append((part, [p.clone() for p in average]))
+        return compute_loss(local, part, cfg, returns)
+
+    def step(*args, **kwargs):
+        steps(*args, **kwargs)
+        for mine, p in zip(average, model.parameters()):
+            mine.mul_(0.8).add_(0.2 * p.detach())
+
+    monkeypatch.setattr(learner, "compute_loss", recording)
+    monkeypatch.setattr(updater.optimizer, "step", step)
+    try:
+        for _ in range(2):
+            updater.train(batch, True)
+    finally:
+        counters.close()
+        stats.close()
+    assert len(centres) == 12
+    for i, (part, _) in enumerate(centres):
+        logits = centres[i - i % 6][1][0]  # the average as the minibatch's batch began
+        expected = torch.log_softmax(logits, -1)[part.action.long()]
+        torch.testing.assert_close(part.prox_logp, expected)
+    for mine, expected in zip(updater.proximal.model.parameters(), average):
+        torch.testing.assert_close(mine, expected)
 
 
 def test_explained_variance_is_one_for_an_exact_critic_zero_for_a_constant_one_negative_for_a_worse():

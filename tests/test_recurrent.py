@@ -10,7 +10,7 @@ from gymnasium import spaces
 
 from a3c import A3C
 from a3c.actor import ActorLoop, fragment_dtype
-from a3c.learner import batch_from_fragments, evaluate_batch
+from a3c.learner import ProximalPolicy, batch_from_fragments, evaluate_batch
 from a3c.metrics import MemorySink
 from a3c.model import build_model
 from a3c.wrappers import KeepObservation
@@ -120,6 +120,8 @@ def test_fragments_store_the_state_the_actor_acted_from_and_the_learner_unrolls_
         torch.testing.assert_close(torch.from_numpy(f["state"].copy()), before[k * T])
         batch = batch_from_fragments(f)
         logp, _, values, bootstrap = evaluate_batch(model, batch)
+        # PPO-EWMA's average (learners.proximal_decay) unrolls the fragments alike.
+        torch.testing.assert_close(ProximalPolicy(model, 0.99).logp(batch), logp.detach())
         for t in range(T):
             params, value = outputs[k * T + t]
             expected_logp = torch.log_softmax(params, -1).gather(-1, batch.action[t].unsqueeze(-1))
