@@ -256,7 +256,8 @@ STABILITY_VARIANTS = {
     # of its steps, not on the acting policy, so that the trust region bounds how far the
     # policy drifts over many updates, not only within one.
     "prox-0.95": {"learners__proximal_decay": 0.95},
-    "prox-0.99": {"learners__proximal_decay": 0.99},
+    "prox-0.99": {"learners__proximal_decay": 0.99},  # configs/cartpole.yaml's since these runs
+    "no-prox": {"learners__proximal_decay": None},  # configs/cartpole.yaml before them
     # V-trace's targets computed once per batch and kept for every pass, as SB3 PPO keeps
     # its advantages and returns for all its epochs.
     "fixed-targets": {"learners__fixed_targets": True},
@@ -384,7 +385,7 @@ STABILITY_VARIANTS |= {
 # 117 and 204 on seeds 1-2, lr-3e-4 to 112 on seed 3 (it held seed 4).
 STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) for names in (
     ("sync",), ("lr-3e-4",), ("target-kl-0.02",), ("target-kl-0.01",), ("no-target-kl",),
-    ("prox-0.95",), ("prox-0.99",),
+    ("prox-0.95",), ("prox-0.99",), ("no-prox",),
     ("ent-0.01",), ("gamma-0.999",), ("minibatches-2",), ("no-obs-norm",), ("own-value-torso",), ("no-adv-norm",),
     ("cartpole-zoo-horizon",),
     ("own-value-torso", "minibatches-2"), ("own-value-torso", "policy-lr-3e-4"),
