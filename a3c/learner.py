@@ -10,7 +10,6 @@ records for the monitor), so it does not matter which process it runs in.
 from __future__ import annotations
 
 import copy
-import math
 import queue
 import signal
 import threading
@@ -212,8 +211,7 @@ def compute_loss(model: torch.nn.Module, batch: Batch, cfg: Config,
         ratio = torch.exp(logp - centre)
         surrogate = torch.min(ratio * advantages, ratio.clamp(1 - clip, 1 + clip) * advantages)
         if batch.prox_logp is not None:
-            cap = cfg.vtrace.clip_pg_rho_threshold
-            surrogate = surrogate * torch.exp(centre - batch.logp).clamp(max=math.inf if cap is None else cap)
+            surrogate = surrogate * vtrace.clipped_ratio(centre - batch.logp, cfg.vtrace.clip_pg_rho_threshold)
         policy_loss = -surrogate.mean()
         clip_fraction = ((ratio - 1).abs() > clip).float().mean()
     # With PopArt the value error is measured in units of the value scale, so that

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 __all__ = [
     "VTraceReturns",
     "VTraceFromLogitsReturns",
+    "clipped_ratio",
     "from_importance_weights",
     "from_logits",
 ]
@@ -64,7 +65,7 @@ def _check_shape(name: str, tensor: torch.Tensor, expected: tuple) -> None:
         )
 
 
-def _clipped_ratio(log_rhos: torch.Tensor, threshold: Optional[float]) -> torch.Tensor:
+def clipped_ratio(log_rhos: torch.Tensor, threshold: Optional[float]) -> torch.Tensor:
     """min(threshold, exp(log_rhos)); no clipping when threshold is None."""
     rhos = torch.exp(log_rhos)
     return rhos if threshold is None else torch.clamp(rhos, max=threshold)
@@ -106,8 +107,8 @@ def from_importance_weights(
     _check_shape("values", values, shape)
     _check_shape("bootstrap_value", bootstrap_value, shape[1:])
 
-    rhos = _clipped_ratio(log_rhos, clip_rho_threshold)
-    cs = td_lambda * _clipped_ratio(log_rhos, 1.0)  # c_bar = 1, times lambda
+    rhos = clipped_ratio(log_rhos, clip_rho_threshold)
+    cs = td_lambda * clipped_ratio(log_rhos, 1.0)  # c_bar = 1, times lambda
 
     # V(x_{t+1}) for every step, with V(x_T) = bootstrap_value.
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
@@ -124,7 +125,7 @@ def from_importance_weights(
     # Policy-gradient advantages use v_{t+1}, again bootstrapped by V(x_T).
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     advantages = rewards + discounts * next_vs - values
-    pg_rhos = _clipped_ratio(log_rhos, clip_pg_rho_threshold)
+    pg_rhos = clipped_ratio(log_rhos, clip_pg_rho_threshold)
     return VTraceReturns(vs=vs, pg_advantages=pg_rhos * advantages, advantages=advantages)
 
 
