@@ -106,7 +106,8 @@ class A3C:
             # Also after an interruption: the model was trained in place, so the optimizer
             # statistics and counters must follow it into the next learn().
             self._state = {"model": None, "optimizer": trainer.optimizer.state_dict(),
-                           "config": config_to_dict(cfg), "counters": trainer.counters.snapshot()}
+                           "config": config_to_dict(cfg), "counters": trainer.counters.snapshot(),
+                           "proximal": trainer.proximal_state()}
             monitor = getattr(trainer, "monitor", None)
             self.recent_returns = list(monitor.recent_returns) if monitor else []
         return self
@@ -147,7 +148,7 @@ class A3C:
     def save(self, path: str | os.PathLike) -> None:
         state = self._state or {"optimizer": {}, "counters": {}}
         save_checkpoint(path, self.model.state_dict(), state["optimizer"],
-                        config_to_dict(self.config), state["counters"])
+                        config_to_dict(self.config), state["counters"], state.get("proximal"))
 
     @classmethod
     def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None,

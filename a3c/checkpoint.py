@@ -20,10 +20,12 @@ class CheckpointError(RuntimeError):
 
 
 def save_checkpoint(path: str | os.PathLike, model_state: dict, optimizer_state: dict,
-                    config: dict, counters: dict) -> None:
-    """Write atomically: a crash never leaves a half-written checkpoint."""
+                    config: dict, counters: dict, proximal_state: dict | None = None) -> None:
+    """Write atomically: a crash never leaves a half-written checkpoint. `proximal_state`:
+    the weights of the learners' proximal average (learners.proximal_decay), if any; a
+    checkpoint without it (one written before it was saved) resumes with a fresh one."""
     state = {"format": FORMAT, "model": model_state, "optimizer": optimizer_state,
-             "config": config, "counters": counters}
+             "config": config, "counters": counters, "proximal": proximal_state}
     write_atomically(path, lambda file: torch.save(state, file))
 
 

@@ -130,11 +130,11 @@ class LearnersConfig:
               "losses/approx_kl, which is from the acting policy (null: every pass runs; on an "
               "accelerator each check waits for the device)", gt=0)
     proximal_decay: float | None = _f(
-        None, "centre the clip on an exponential moving average of the learner's weights, which "
-              "after each gradient step keeps this share of itself and takes the rest from the policy "
-              "(0.99: about the last 100 steps; PPO-EWMA, Hilton et al. 2022); each step's term is "
-              "weighted by average/acting policy, capped at vtrace.clip_pg_rho_threshold (null: the "
-              "clip is centred on the acting policy)",
+        None, "centre the clip on an exponential moving average of the model's weights, one for all "
+              "learners (saved in checkpoints), which after each gradient step keeps this share of "
+              "itself and takes the rest from the policy (0.99: about the last 100 steps; PPO-EWMA, "
+              "Hilton et al. 2022); each step's term is weighted by average/acting policy, capped at "
+              "vtrace.clip_pg_rho_threshold (null: the clip is centred on the acting policy)",
         gt=0, lt=1)
     normalize_advantages: bool = _f(True, "scale advantages to zero mean, unit std per batch")
     advantage_std_floor: float = _f(

@@ -32,8 +32,8 @@ from .spaces import Obs, tree_map
 
 __all__ = ["Batch", "BatchSource", "DeviceCopy", "Learners", "Loss", "LossStats", "ProximalPolicy", "STEP_DTYPE",
            "Updater", "batch_from_fragments", "batch_targets", "compute_loss", "evaluate_batch", "join_learner",
-           "mean_excess", "replay_buffer", "run_learner", "start_learners", "statistics_lock", "step_minibatches",
-           "step_queue", "vtrace_returns"]
+           "mean_excess", "proximal_average", "replay_buffer", "run_learner", "start_learners", "statistics_lock",
+           "step_minibatches", "step_queue", "vtrace_returns"]
 
 
 class Batch(NamedTuple):
@@ -463,20 +463,22 @@ class ProximalPolicy:
     The steps' terms are weighted by proximal/behaviour, which corrects for the data's
     having been acted by another policy (compute_loss).
 
-    Each learner keeps its own average, from the model as that learner starts (a resumed
-    run starts it afresh: it is not in the checkpoint)."""
+    `average`: the run's one average (`proximal_average`), which every learner moves
+    after each of its steps, so that it trails the shared model by the same number of
+    steps however many learners train it, and which checkpoints save. Without it, a
+    fresh average of `model` as it is now."""
 
-    def __init__(self, model: torch.nn.Module, decay: float):
-        self.model = copy.deepcopy(model).requires_grad_(False)
+    def __init__(self, model: torch.nn.Module, decay: float, average: torch.nn.Module | None = None):
+        self.model = proximal_average(model) if average is None else average
         self.decay = decay
-        self.params = list(zip(self.model.parameters(), model.parameters()))
+        self.mine = list(self.model.parameters())
+        self.theirs = list(model.parameters())
         self.buffers = list(zip(self.model.buffers(), model.buffers()))
 
     @torch.no_grad()
     def update(self) -> None:
         """`model` has taken a step: move the average (1 - decay) of the way towards it."""
-        for mine, theirs in self.params:
-            mine.lerp_(theirs, 1.0 - self.decay)
+        torch._foreach_lerp_(self.mine, self.theirs, 1.0 - self.decay)
 
     @torch.no_grad()
     def logp(self, batch: Batch) -> torch.Tensor:
@@ -485,6 +487,12 @@ class ProximalPolicy:
         for mine, theirs in self.buffers:
             mine.copy_(theirs)
         return evaluate_batch(self.model, batch._replace(bootstrap_obs=None))[0]  # no bootstrap values
+
+
+def proximal_average(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of `model` as it is now, without gradients, for ProximalPolicy to average
+    into."""
+    return copy.deepcopy(model).requires_grad_(False)
 
 
 class Updater:
@@ -499,10 +507,14 @@ class Updater:
     check: a non-finite loss skips its step on the device (the optimizer's `ok`), the
     losses are read once per batch, and `publish()` copies the model to the actors' every
     `learners.publish_every` steps, which is when the policy version advances (by the
-    steps published, skipped or not)."""
+    steps published, skipped or not).
+
+    `average`: the run's average of `shared` for `learners.proximal_decay` (see
+    ProximalPolicy; None: this learner's own)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                 counters: Counters, stats: ArrayQueue, lock=None, stop=None, publish=None):
+                 counters: Counters, stats: ArrayQueue, lock=None, stop=None, publish=None,
+                 average: torch.nn.Module | None = None):
         self.cfg, self.optimizer, self.counters, self.stats = cfg, optimizer, counters, stats
         self.stop = stop  # once set, no further gradient step: the run is ending
         self.publish, self.unpublished = publish, 0  # steps since the last publish
@@ -515,7 +527,7 @@ class Updater:
         self.popart = getattr(shared, "popart", None)
         self.lock = lock if lock is not None else statistics_lock(shared)
         decay = cfg.learners.proximal_decay
-        self.proximal = None if decay is None else ProximalPolicy(shared, decay)
+        self.proximal = None if decay is None else ProximalPolicy(shared, decay, average)
         steps = cfg.learners.epochs * cfg.learners.minibatches
         self.reports = np.zeros(steps, STEP_DTYPE)  # this batch's, handed over at its end
 
@@ -647,12 +659,12 @@ class Updater:
 def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                 fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
                 stop, replay: ReplayBuffer | None = None, lock=None,
-                in_process: bool = False, publish=None) -> None:
+                in_process: bool = False, publish=None, average: torch.nn.Module | None = None) -> None:
     """Update the shared model from batches until `stop` (a threading or multiprocessing
     Event) is set or the queue closes: the loop of a `BatchSource` feeding an `Updater`,
     in a thread of the trainer or, `in_process`, in a learner process of its own. Learners
     of one model share its statistics lock: `statistics_lock` for threads, `lock` (a
-    multiprocessing lock) for processes. `publish`: see `Updater`."""
+    multiprocessing lock) for processes. `publish`, `average`: see `Updater`."""
     if in_process:
         # As for actor processes: the trainer decides how to stop, and its end is theirs.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -660,7 +672,7 @@ def run_learner(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer
         end_with_parent()
         torch.set_num_threads(1)
         torch.seed()  # forked processes inherit one generator: draw different minibatches
-    updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop, publish)
+    updater = Updater(cfg, shared, optimizer, counters, stats, lock, stop, publish, average)
     source = BatchSource(cfg, fragments, replay, counters, updater.device)
     try:
         while not stop.is_set():
@@ -683,14 +695,18 @@ class DeviceCopy:
     `learners.publish_every` gradient steps. The learner waits for the device there and
     once per batch, never inside a gradient step (as in TorchBeast's and Sample Factory's
     GPU learners) unless `learners.target_kl` reads each step's KL. `device` (default:
-    `learners.device`) lets a test put the copy on the CPU, where the same logic runs."""
+    `learners.device`) lets a test put the copy on the CPU, where the same logic runs.
+    `average`: the run's proximal average (`learners.proximal_decay`), copied there too;
+    a checkpoint reads the copy's back (Trainer.save)."""
 
     def __init__(self, cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
-                 device: torch.device | str | None = None):
-        self.model = copy.deepcopy(shared).to(device or cfg.learners.device)
+                 device: torch.device | str | None = None, average: torch.nn.Module | None = None):
+        device = device or cfg.learners.device
+        self.model = copy.deepcopy(shared).to(device)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.optimizer.load_state_dict(optimizer.state_dict())
         self.publish = WeightCopy(shared, self.model)
+        self.average = None if average is None else copy.deepcopy(average).to(device)
 
 
 class Learners(NamedTuple):
@@ -705,27 +721,29 @@ class Learners(NamedTuple):
 
 def start_learners(cfg: Config, shared: torch.nn.Module, optimizer: SharedOptimizer,
                    fragments: ArrayQueue, counters: Counters, stats: ArrayQueue,
-                   replay: ReplayBuffer | None, context, device_copy: DeviceCopy | None = None
-                   ) -> Learners:
+                   replay: ReplayBuffer | None, context, device_copy: DeviceCopy | None = None,
+                   average: torch.nn.Module | None = None) -> Learners:
     """Start `learners.num` learners of `learners.mode` on the shared model, or, given
     a `device_copy`, threads on that copy, which they publish to the shared model.
     Processes come from the multiprocessing `context` (unused by threads) and share one
-    lock of it for the model's running statistics; the model and the optimizer statistics must be in shared
-    memory."""
+    lock of it for the model's running statistics; the model, the optimizer statistics
+    and the proximal `average` (see Updater) must be in shared memory."""
     args = (cfg, shared, optimizer, fragments, counters, stats)
     if device_copy is not None:
         args = (cfg, device_copy.model, device_copy.optimizer, fragments, counters, stats)
+        average = device_copy.average
     if cfg.learners.mode == "thread":
         stop = threading.Event()
         publish = None if device_copy is None else device_copy.publish
         learners = Learners(stop, [threading.Thread(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
                                                     args=(*args, stop, replay),
-                                                    kwargs={"publish": publish})
+                                                    kwargs={"publish": publish, "average": average})
                                    for i in range(cfg.learners.num)])
     else:
         stop, lock = context.Event(), context.Lock()
         learners = Learners(stop, [context.Process(target=run_learner, name=f"a3c-learner-{i}", daemon=True,
-                                                   args=(*args, stop, replay, lock, True))
+                                                   args=(*args, stop, replay, lock, True),
+                                                   kwargs={"average": average})
                                    for i in range(cfg.learners.num)], lock)
     for i, worker in enumerate(learners.workers):
         try:

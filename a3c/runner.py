@@ -32,7 +32,8 @@ from .actor import EPISODE_DTYPE, JOIN_TIMEOUT_S, fragment_dtype, run_actor, syn
 from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
 from .config import Config, ConfigError, config_here, config_table, config_to_dict, load_config
 from .envs import check_env_factory, make_env
-from .learner import DeviceCopy, Learners, join_learner, replay_buffer, start_learners, step_queue
+from .learner import (DeviceCopy, Learners, join_learner, proximal_average, replay_buffer, start_learners,
+                      step_queue)
 from .metrics import Monitor, Sink, TensorBoardSink
 from .model import build_model
 from .optim import build_optimizer, value_lr_problem
@@ -121,13 +122,17 @@ def _settings(section: str, values: dict, names: list[str]) -> str:
     return ", ".join(f"{section}.{name} = {values.get(name)!r}" for name in names)
 
 
-def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None) -> None:
-    """Load a checkpoint's weights and optimizer state, or say why they do not fit."""
+def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None,
+               average: torch.nn.Module | None = None) -> None:
+    """Load a checkpoint's weights, optimizer state and proximal average (where it has
+    one), or say why they do not fit."""
     try:
         if model is not None:
             model.load_state_dict(state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
+        if average is not None and state.get("proximal") is not None:
+            average.load_state_dict(state["proximal"])
     except (KeyError, RuntimeError, ValueError) as error:
         raise CheckpointError(
             f"the checkpoint does not fit this model or optimizer ({str(error)[:200]}); "
@@ -153,6 +158,11 @@ class Trainer:
             check_compatible(cfg, state)
             # state["model"] is None when `model` already holds the weights (A3C.learn).
             load_state(state, self.model if state["model"] is not None else None, self.optimizer)
+        # learners.proximal_decay: the learners' one average, continued from the checkpoint's.
+        self.average = None
+        if cfg.learners.proximal_decay is not None:
+            self.average = proximal_average(self.model).share_memory()
+            load_state(state or {}, average=self.average)
         # Shared memory last: a checkpoint that does not fit leaves nothing to release.
         self.counters = Counters(COUNTERS, TIMERS)
         for name, value in (state or {}).get("counters", {}).items():
@@ -199,11 +209,11 @@ class Trainer:
                 for i in range(cfg.actors.num):
                     self._actors.append(self._start_actor(i))
             if torch.device(cfg.learners.device).type != "cpu":  # after the actors' fork
-                self.device_copy = DeviceCopy(cfg, self.model, self.optimizer)
+                self.device_copy = DeviceCopy(cfg, self.model, self.optimizer, average=self.average)
             self.learners = start_learners(
                 cfg, self.model, self.optimizer, self.fragments, self.counters, self.learner_stats,
                 self.replay, _learner_context() if cfg.learners.mode == "process" else None,
-                self.device_copy)
+                self.device_copy, self.average)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
             # Where this sitting starts: a resumed run's episodes from here on replace those
@@ -329,8 +339,14 @@ class Trainer:
         if self.device_copy is not None:  # the learners' newest weights and statistics
             self.device_copy.publish()
             self.optimizer.load_state_dict(self.device_copy.optimizer.state_dict())
+            if self.average is not None:
+                self.average.load_state_dict(self.device_copy.average.state_dict())
         save_checkpoint(path, self.model.state_dict(), self.optimizer.state_dict(),
-                        config_to_dict(self.cfg), self.counters.snapshot())
+                        config_to_dict(self.cfg), self.counters.snapshot(), self.proximal_state())
+
+    def proximal_state(self) -> dict | None:
+        """The proximal average's weights as a checkpoint holds them (None: none)."""
+        return None if self.average is None else self.average.state_dict()
 
 
 def _context():

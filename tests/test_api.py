@@ -11,6 +11,7 @@ from a3c.api import evaluate
 from a3c.checkpoint import CheckpointError
 from a3c.config import ConfigError, config_here
 from a3c.metrics import MemorySink
+from a3c.runner import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"
@@ -118,6 +119,29 @@ def test_normalizer_statistics_are_saved_loaded_and_carried_on_by_a_resumed_run(
     count = float(loaded.model.obs_norm.count)
     loaded.learn(500, run_dir=tmp_path / "more", sink=MemorySink())
     assert loaded.model.obs_norm.count > count  # merged into, not restarted
+
+
+def test_the_proximal_average_is_saved_and_a_resumed_run_goes_on_from_it(agent, tmp_path):
+    """configs/cartpole.yaml centres the clip on an average of the policy
+    (learners.proximal_decay): a checkpoint holds it, trailing the model; a run resumed
+    from the checkpoint starts from it, and one from a checkpoint written before averages
+    were saved starts a fresh one from the model."""
+    path, again = tmp_path / "agent.pt", tmp_path / "again.pt"
+    agent.save(path)
+    A3C.load(path).save(again)  # loaded and saved again, the average comes along
+    state = torch.load(path, weights_only=True)
+    average, weights = state["proximal"], state["model"]
+    assert average.keys() == weights.keys() and any(not torch.equal(average[k], weights[k]) for k in weights)
+    for name, tensor in torch.load(again, weights_only=True)["proximal"].items():
+        assert torch.equal(tensor, average[name]), name
+    older = {key: value for key, value in state.items() if key != "proximal"}
+    for saved, expected in ((state, average), (older, weights)):
+        trainer = Trainer(agent.config, tmp_path / "resumed", state=saved)
+        try:
+            for name, tensor in trainer.average.state_dict().items():
+                assert torch.equal(tensor, expected[name]), name
+        finally:
+            trainer.counters.close()
 
 
 def test_predict_and_evaluate_see_observations_through_the_normalizer_without_updating_it(

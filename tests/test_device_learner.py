@@ -266,3 +266,24 @@ def test_cartpole_trains_with_the_learner_on_cuda_and_its_checkpoint_loads(tmp_p
     loaded = A3C.load(agent.run_dir)
     assert all(p.device.type == "cpu" for p in loaded.model.parameters())
     assert evaluate(loaded.model, loaded.config, episodes=5).mean() > 50
+
+
+def test_a_checkpoint_holds_the_proximal_average_the_device_learners_moved(tmp_path):
+    """The average of learners.proximal_decay lives beside the device copy, where the
+    learners move it; a checkpoint reads it back from there, as it reads the weights."""
+    from a3c.checkpoint import load_checkpoint
+    from a3c.runner import Trainer
+    cfg = load_config(ROOT / "configs" / "cartpole.yaml", {"learners.proximal_decay": 0.9})
+    trainer = Trainer(cfg, tmp_path)
+    try:
+        trainer.device_copy = DeviceCopy(cfg, trainer.model, trainer.optimizer, device="cpu",
+                                         average=trainer.average)
+        with torch.no_grad():
+            for p in trainer.device_copy.average.parameters():
+                p.add_(1.0)  # as the learners' steps move it
+        trainer.save(tmp_path / "checkpoint.pt")
+    finally:
+        trainer.counters.close()
+    saved = load_checkpoint(tmp_path / "checkpoint.pt")["proximal"]
+    assert_same(trainer.device_copy.average.state_dict(), saved, "average")
+    assert not torch.equal(saved["policy_head.weight"], trainer.model.policy_head.weight)

@@ -280,6 +280,39 @@ def test_a_learner_centres_each_batch_on_its_proximal_average_and_moves_it_after
         torch.testing.assert_close(mine, expected)
 
 
+def test_learners_given_one_average_move_it_once_for_each_step_any_of_them_takes(monkeypatch):
+    """Two learners of one shared model, each with 2 gradient steps a batch, given the
+    run's average: after a batch each, it is the exponential average over all 4 steps, as
+    if one learner had taken them, and each learner's average is that one."""
+    cfg = config(minibatches=2, clip_coef=0.2, proximal_decay=0.8)
+    cfg.optim.lr = 0.05
+    torch.manual_seed(0)
+    model = FixedModel()
+    optimizer = SharedAdam(model.parameters(), cfg.optim.lr)
+    average = learner.proximal_average(model)
+    expected = [p.detach().clone() for p in model.parameters()]
+    steps = optimizer.step
+
+    def step(*args, **kwargs):
+        steps(*args, **kwargs)
+        for mine, p in zip(expected, model.parameters()):
+            mine.mul_(0.8).add_(0.2 * p.detach())
+
+    monkeypatch.setattr(optimizer, "step", step)
+    counters, stats = Counters(COUNTERS, TIMERS), step_queue()
+    try:
+        updaters = [Updater(cfg, model, optimizer, counters, stats, average=average) for _ in range(2)]
+        for updater in updaters:
+            updater.train(step_batch(), True)
+        assert counters["updates"] == 4 and all(u.proximal.model is average for u in updaters)
+    finally:
+        counters.close()
+        stats.close()
+    for mine, want, now in zip(average.parameters(), expected, model.parameters()):
+        torch.testing.assert_close(mine, want)
+        assert not torch.equal(mine, now)  # it trails the model
+
+
 def test_explained_variance_is_one_for_an_exact_critic_zero_for_a_constant_one_negative_for_a_worse():
     targets = torch.tensor([1.0, 3.0, -2.0, 6.0])
     assert _explained_variance(targets, targets.clone()).item() == pytest.approx(1.0)
