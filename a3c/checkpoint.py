@@ -42,7 +42,17 @@ def load_checkpoint(path: str | os.PathLike) -> dict:
         ) from None
     if not isinstance(state, dict) or state.get("format") != FORMAT or not _KEYS <= set(state):
         raise CheckpointError(f"{path} is not an a3c checkpoint (format {FORMAT} expected)")
+    if state.get("proximal") is not None and not _same_shapes(state["proximal"], state["model"]):
+        raise CheckpointError(f"{path}: its proximal average (learners.proximal_decay) does not match its "
+                              "model's weights; the checkpoint is corrupt: restore it or start a new run")
     return state
+
+
+def _same_shapes(tensors, like) -> bool:
+    """Whether `tensors` and `like` are dicts of tensors of the same names and shapes."""
+    return (isinstance(tensors, dict) and isinstance(like, dict) and tensors.keys() == like.keys()
+            and all(isinstance(t, torch.Tensor) and t.shape == getattr(like[name], "shape", None)
+                    for name, t in tensors.items()))
 
 
 def latest_checkpoint(run_dir: str | os.PathLike) -> Path:

@@ -53,7 +53,7 @@ class Batch(NamedTuple):
     # [T, B]: log pi of the learner's policy before this batch's first gradient step (with
     # learners.target_kl, which bounds how far an update moves it from there).
     start_logp: torch.Tensor | None = None
-    # [T, B]: log pi of the learner's proximal policy (learners.proximal_decay), the centre of the clip.
+    # [T, B]: log pi of the learners' proximal average (learners.proximal_decay), the centre of the clip.
     prox_logp: torch.Tensor | None = None
 
 
@@ -464,9 +464,10 @@ class ProximalPolicy:
     having been acted by another policy (compute_loss).
 
     `average`: the run's one average (`proximal_average`), which every learner moves
-    after each of its steps, so that it trails the shared model by the same number of
-    steps however many learners train it, and which checkpoints save. Without it, a
-    fresh average of `model` as it is now."""
+    after each of its steps, so that it trails the shared model by about the same number
+    of steps however many learners train it (as the model's own Hogwild updates, two
+    learners' moves at the same instant may lose one), and which checkpoints save.
+    Without it, a fresh average of `model` as it is now."""
 
     def __init__(self, model: torch.nn.Module, decay: float, average: torch.nn.Module | None = None):
         self.model = proximal_average(model) if average is None else average

@@ -161,8 +161,9 @@ class Trainer:
         # learners.proximal_decay: the learners' one average, continued from the checkpoint's.
         self.average = None
         if cfg.learners.proximal_decay is not None:
-            self.average = proximal_average(self.model).share_memory()
+            self.average = proximal_average(self.model)
             load_state(state or {}, average=self.average)
+            self.average.share_memory()
         # Shared memory last: a checkpoint that does not fit leaves nothing to release.
         self.counters = Counters(COUNTERS, TIMERS)
         for name, value in (state or {}).get("counters", {}).items():

@@ -121,17 +121,23 @@ def test_normalizer_statistics_are_saved_loaded_and_carried_on_by_a_resumed_run(
     assert loaded.model.obs_norm.count > count  # merged into, not restarted
 
 
-def test_the_proximal_average_is_saved_and_a_resumed_run_goes_on_from_it(agent, tmp_path):
+def test_the_proximal_average_is_saved_and_a_resumed_run_goes_on_from_it(tmp_path):
     """configs/cartpole.yaml centres the clip on an average of the policy
-    (learners.proximal_decay): a checkpoint holds it, trailing the model; a run resumed
-    from the checkpoint starts from it, and one from a checkpoint written before averages
-    were saved starts a fresh one from the model."""
+    (learners.proximal_decay): the learners move the run's average, a checkpoint holds it
+    (away from both the first weights and the last), and a run resumed from the
+    checkpoint starts from it; one from a checkpoint written before averages were saved
+    starts a fresh one from the model."""
+    agent = A3C(str(CONFIG), logging__run_root=str(tmp_path), **TINY)
+    first = {name: tensor.clone() for name, tensor in agent.model.state_dict().items()}
+    agent.learn(1000, sink=MemorySink())
     path, again = tmp_path / "agent.pt", tmp_path / "again.pt"
     agent.save(path)
     A3C.load(path).save(again)  # loaded and saved again, the average comes along
     state = torch.load(path, weights_only=True)
     average, weights = state["proximal"], state["model"]
-    assert average.keys() == weights.keys() and any(not torch.equal(average[k], weights[k]) for k in weights)
+    assert average.keys() == weights.keys()
+    for other in (first, weights):
+        assert any(not torch.equal(average[name], other[name]) for name, _ in agent.model.named_parameters())
     for name, tensor in torch.load(again, weights_only=True)["proximal"].items():
         assert torch.equal(tensor, average[name]), name
     older = {key: value for key, value in state.items() if key != "proximal"}
@@ -142,6 +148,16 @@ def test_the_proximal_average_is_saved_and_a_resumed_run_goes_on_from_it(agent, 
                 assert torch.equal(tensor, expected[name]), name
         finally:
             trainer.counters.close()
+
+
+@pytest.mark.parametrize("average", [[1.0, 2.0], {"torso.0.weight": torch.zeros(3)}])
+def test_a_checkpoint_whose_average_does_not_match_its_weights_is_refused_as_corrupt(agent, tmp_path, average):
+    path = tmp_path / "agent.pt"
+    agent.save(path)
+    state = torch.load(path, weights_only=True)
+    torch.save({**state, "proximal": average}, path)
+    with pytest.raises(CheckpointError, match=r"agent\.pt: its proximal average .* does not match .*restore it"):
+        A3C.load(path)
 
 
 def test_predict_and_evaluate_see_observations_through_the_normalizer_without_updating_it(

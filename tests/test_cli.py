@@ -246,6 +246,17 @@ def test_resume_from_a_corrupt_checkpoint_is_a_one_line_error(trained, tmp_path)
     assert (run_dir / "config.yaml").read_bytes() == config_before
 
 
+def test_resume_from_a_checkpoint_whose_average_is_corrupt_is_a_one_line_error(trained, tmp_path):
+    run_dir = copy_of(trained[1], tmp_path)
+    config_before = (run_dir / "config.yaml").read_bytes()
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert state["proximal"] is not None  # configs/cartpole.yaml sets learners.proximal_decay
+    torch.save({**state, "proximal": {"torso.0.weight": torch.zeros(3)}}, run_dir / "checkpoint.pt")
+    result = a3c("train", "--resume", run_dir)
+    assert_one_line_error(result.returncode, result.stderr, "its proximal average", "checkpoint.pt")
+    assert (run_dir / "config.yaml").read_bytes() == config_before
+
+
 def test_resume_with_another_config_is_a_one_line_error_and_leaves_the_run_alone(trained, tmp_path):
     run_dir = copy_of(trained[1], tmp_path)
     config_before = (run_dir / "config.yaml").read_bytes()

@@ -221,6 +221,19 @@ def test_learner_processes_come_from_the_fork_server_where_an_accelerator_is_vis
     assert all(isinstance(worker, mp.context.ForkServerProcess) for worker in trainer.learners.workers)
 
 
+@pytest.mark.parametrize("fork_server", [False, True], ids=["forked", "from-the-fork-server"])
+def test_learner_processes_move_the_runs_one_proximal_average_in_shared_memory(monkeypatch, tmp_path, fork_server):
+    """learners.proximal_decay: the processes move the trainer's average, not copies of
+    it, whether forked or started by the fork server (which pickles their arguments)."""
+    monkeypatch.setattr(runner, "_accelerator_visible", lambda: fork_server)
+    cfg = run_config(tmp_path, total_timesteps=2000)
+    cfg.learners.proximal_decay = 0.9
+    trainer = Trainer(cfg, tmp_path / "run")
+    first = [p.clone() for p in trainer.average.parameters()]
+    assert trainer.train()["updates"] > 0
+    assert any(not torch.equal(now, then) for now, then in zip(trainer.average.parameters(), first))
+
+
 def test_a_learner_process_that_dies_stops_the_run_with_an_error_and_a_checkpoint(tmp_path):
     trainer = Trainer(run_config(tmp_path, total_timesteps=100_000_000), tmp_path / "run")
     outcome = []
