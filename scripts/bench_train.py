@@ -71,8 +71,9 @@ TASKS = {
     "pendulum": Task("Pendulum-v1", "configs/pendulum.yaml", -250.0, (1, 2, 3)),
     # A task no config was tuned on: what a user gets who sets only env.id.
     "lunarlander": Task("LunarLander-v3", None, 200.0, (1, 2, 3), 1_000_000, requires="Box2D"),
-    # configs/lunarlander.yaml, SB3 PPO's recipe at a constant rate for long runs, at its own
-    # budget (2 M steps, twice the zoo's), SB3 PPO beside it for as long. Run only when named.
+    # configs/lunarlander.yaml (SB3 PPO's recipe at a constant rate, with the clip centred on
+    # an average of the policy) at its own budget (2 M steps, twice the zoo's), SB3 PPO beside
+    # it for as long; no-prox is the recipe alone. Run only when named.
     "lunarlander-long": Task("LunarLander-v3", "configs/lunarlander.yaml", 200.0, (1, 2, 3), requires="Box2D",
                              suite=False),
 }
@@ -266,7 +267,7 @@ STABILITY_VARIANTS = {
     # these runs) trails about one update, 0.998 about half of one.
     "prox-0.999": {"learners__proximal_decay": 0.999},
     "prox-0.998": {"learners__proximal_decay": 0.998},
-    "no-prox": {"learners__proximal_decay": None},  # configs/cartpole.yaml before them
+    "no-prox": {"learners__proximal_decay": None},  # configs/cartpole.yaml and lunarlander.yaml before them
     # V-trace's targets computed once per batch and kept for every pass, as SB3 PPO keeps
     # its advantages and returns for all its epochs.
     "fixed-targets": {"learners__fixed_targets": True},
