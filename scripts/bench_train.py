@@ -102,7 +102,7 @@ TASKS["invaders"] = Task("MinAtar/SpaceInvaders-v1", "configs/minatar_space_inva
 # CartPole without its velocities (RL Zoo's CartPoleNoVel-v1, here CartPole-v1 through the
 # config's KeepObservation wrapper) against sb3-contrib's RecurrentPPO with the RL Zoo's
 # hyperparameters for it (hyperparams/ppo_lstm.yml; VecNormalize on observations only), at
-# the config's budget like every method (4x the zoo's 1e5 steps, over which its learning
+# the config's budget like every method (6x the zoo's 1e5 steps, over which its learning
 # rate and clip decay more slowly).
 # 450: the threshold of the config's learning test. Run only when named (--tasks novel).
 RECURRENT_PPO = {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98,
@@ -379,6 +379,9 @@ STABILITY_VARIANTS |= {
     # steps per env step as two minibatches of the shipped batch (SB3 PPO's updates on
     # LunarLander take 16 k env steps).
     "batch-64-minibatches-4": _changes("batch-64") | {"learners__minibatches": 4},
+    # configs/cartpole_novel.yaml with configs/cartpole.yaml's pair against late falls: the
+    # average of the policy and Adam's beta2 of 0.99 (`--tasks novel`).
+    "prox-0.99-adam-beta2-0.99": _changes("prox-0.99", "adam-beta2-0.99"),
     # Every setting of the zoo's LunarLander PPO that this trainer has, at once: separate
     # networks, raw observations and value targets, gamma 0.999 and lambda 0.98, the bonus
     # of 0.01, Adam at 3e-4 with beta2 0.999, and, in the defaults' 8 minibatches of a batch
