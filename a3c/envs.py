@@ -194,16 +194,22 @@ def _make_registered(cfg: EnvConfig, render_mode: str | None) -> gym.Env:
         import ale_py
 
         gym.register_envs(ale_py)
-    kwargs = dict(cfg.kwargs)
+    kwargs = dict(cfg.kwargs, **_render_mode(render_mode))
     if cfg.max_episode_steps is not None:
         kwargs["max_episode_steps"] = cfg.max_episode_steps
-    return _checked(f"env.id {cfg.id!r}", lambda: gym.make(cfg.id, render_mode=render_mode, **kwargs),
-                    cfg.kwargs)
+    return _checked(f"env.id {cfg.id!r}", lambda: gym.make(cfg.id, **kwargs), cfg.kwargs)
+
+
+def _render_mode(render_mode: str | None) -> dict[str, str]:
+    """The render_mode keyword, only when a mode is asked for: gymnasium.make passes
+    every keyword it is given to the constructor, and many environments written by users
+    take no render_mode argument."""
+    return {} if render_mode is None else {"render_mode": render_mode}
 
 
 def _call(what: str, make: Callable, cfg: EnvConfig, render_mode: str | None) -> gym.Env:
     """make(**env.kwargs) (plus render_mode when one is asked for), within the time limit."""
-    kwargs = dict(cfg.kwargs, **({"render_mode": render_mode} if render_mode is not None else {}))
+    kwargs = dict(cfg.kwargs, **_render_mode(render_mode))
     env = _checked(what, lambda: make(**kwargs), cfg.kwargs)
     if cfg.max_episode_steps is not None:
         env = gym.wrappers.TimeLimit(env, cfg.max_episode_steps)

@@ -18,7 +18,7 @@ import torch
 
 from .api import play
 from .config import Config
-from .envs import make_env
+from .envs import EnvError, make_env
 from .files import write_atomically
 
 __all__ = ["VideoError", "record_video"]
@@ -78,13 +78,23 @@ def _rendering_env(cfg: Config, env_factory: Callable[..., gym.Env] | None) -> g
     with warnings.catch_warnings():
         # gymnasium's warning about a render mode the env lacks; the error below says it in one line
         warnings.filterwarnings("ignore", message=".*not in the possible render_modes")
-        env = make_env(cfg.env, render_mode="rgb_array", env_factory=env_factory)
-    if "rgb_array" not in env.metadata.get("render_modes", ()):
-        modes = list(env.metadata.get("render_modes", ()))
+        try:
+            env = make_env(cfg.env, render_mode="rgb_array", env_factory=env_factory)
+        except EnvError as error:
+            if isinstance(error.__cause__, TypeError) and "render_mode" in str(error.__cause__):
+                raise VideoError(f"env.id {cfg.env.id!r} takes no render_mode argument, and a video "
+                                 f"needs its frames: {_HOW_TO_RENDER}") from None
+            raise
+    modes = list((env.metadata or {}).get("render_modes") or ())
+    if "rgb_array" not in modes:
         env.close()
-        raise VideoError(f"env.id {cfg.env.id!r} cannot render rgb_array frames for a video "
-                         f"(its render modes: {modes})")
+        raise VideoError(f"env.id {cfg.env.id!r} cannot render rgb_array frames for a video (its "
+                         f"render modes: {modes}); {_HOW_TO_RENDER}")
     return env
+
+
+_HOW_TO_RENDER = ("accept render_mode in the constructor, list 'rgb_array' in metadata['render_modes'], "
+                  "and return an [H, W, 3] uint8 frame from render() when render_mode is 'rgb_array'")
 
 
 def _frames_per_step(env: gym.Env) -> int:

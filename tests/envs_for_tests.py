@@ -6,19 +6,21 @@ import numpy as np
 from gymnasium import spaces
 
 REGISTERED_ID = "TestCorridor-v0"
+PLAIN_ID = "TestPlainCorridor-v0"
 
 
-class Corridor(gym.Env):
+class PlainCorridor(gym.Env):
     """Walk to the right end of a corridor of `length` cells, starting at the left end.
     Action 1 steps right, 0 steps left (a wall stops it at the start). Reaching the end
     gives reward 1 and ends the episode; there is no other reward. The observation is the
     one-hot position. The optimal return is 1; with length 8 and a time limit of 16 steps,
-    a uniformly random walk reaches the end in about one episode in eight."""
+    a uniformly random walk reaches the end in about one episode in eight.
 
-    metadata = {"render_modes": []}
+    Written as many users write an environment: a constructor that takes no
+    `render_mode`, no `metadata` of its own, no `spec`, and no `render`."""
 
-    def __init__(self, length: int = 5, render_mode=None):
-        self.length, self.render_mode = length, render_mode
+    def __init__(self, length: int = 5):
+        self.length = length
         self.observation_space = spaces.Box(0.0, 1.0, (length,), np.float32)
         self.action_space = spaces.Discrete(2)
         self.position = 0
@@ -37,6 +39,16 @@ class Corridor(gym.Env):
         obs = np.zeros(self.length, np.float32)
         obs[self.position] = 1.0
         return obs
+
+
+class Corridor(PlainCorridor):
+    """The corridor with gymnasium's render_mode argument (and no render modes)."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, length: int = 5, render_mode=None):
+        super().__init__(length)
+        self.render_mode = render_mode
 
 
 def make_corridor(length: int = 5) -> gym.Env:
@@ -74,3 +86,5 @@ class Scale(gym.ObservationWrapper):
 
 if REGISTERED_ID not in gym.envs.registry:
     gym.register(REGISTERED_ID, entry_point=Corridor, max_episode_steps=10)
+if PLAIN_ID not in gym.envs.registry:
+    gym.register(PLAIN_ID, entry_point=PlainCorridor, max_episode_steps=10)

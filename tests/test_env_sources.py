@@ -28,7 +28,7 @@ from a3c.envs import EnvError, make_env
 from a3c.metrics import MemorySink
 from a3c.runner import Trainer
 from conftest import A3C_CLI
-from envs_for_tests import REGISTERED_ID, Corridor, Scale, make_corridor
+from envs_for_tests import PLAIN_ID, REGISTERED_ID, Corridor, PlainCorridor, Scale, make_corridor
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # restarted actors come from it
 
@@ -183,6 +183,44 @@ def test_wrappers_come_after_the_atari_preprocessing():
         assert isinstance(env, Scale) and isinstance(env.env, gym.wrappers.FrameStackObservation)
     finally:
         env.close()
+
+
+# ------------------------------------------------- an environment whose constructor takes no render_mode
+PLAIN_ROUTES = {
+    "registered id": {"id": PLAIN_ID, "imports": ["envs_for_tests"]},
+    "module:EnvId": {"id": f"envs_for_tests:{PLAIN_ID}"},
+    "entry point": {"entry_point": "envs_for_tests:PlainCorridor", "max_episode_steps": 10},
+    "wrapped": {"id": f"envs_for_tests:{PLAIN_ID}", "wrappers": [{"envs_for_tests:Scale": {"factor": 2}}]},
+}
+
+
+@pytest.mark.parametrize("route", PLAIN_ROUTES)
+def test_every_route_makes_an_environment_whose_constructor_takes_no_render_mode(route):
+    obs = first_obs(PLAIN_ROUTES[route])
+    assert obs.shape == (5,) and obs.max() in (1.0, 2.0)
+
+
+def test_a_factory_of_an_environment_without_render_mode_trains_and_evaluates(tmp_path):
+    agent = A3C(config({"max_episode_steps": 10}, tmp_path / "runs"), env=PlainCorridor)
+    agent.learn(300, sink=MemorySink())
+    assert len(evaluate(agent.model, agent.config, 2, env=agent.env_factory)) == 2
+
+
+def test_an_environment_without_render_mode_trains_evaluates_and_says_why_it_has_no_video(tmp_path):
+    path = tmp_path / "plain.yaml"
+    path.write_text(yaml.safe_dump(config(PLAIN_ROUTES["module:EnvId"], tmp_path / "runs",
+                                          total_timesteps=600)))
+    result = a3c("train", path)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = (tmp_path / "runs").iterdir()
+    result = a3c("eval", run_dir, "--episodes", "2")
+    assert result.returncode == 0 and result.stdout.startswith("2 episodes: mean return"), result.stderr
+    result = a3c("eval", run_dir, "--video", tmp_path / "plain.mp4")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith(f"error: env.id 'envs_for_tests:{PLAIN_ID}' takes no render_mode argument, "
+                           "and a video needs its frames: accept render_mode in the constructor")
+    assert not (tmp_path / "plain.mp4").exists()
 
 
 # ---------------------------------------------------------------------------- what cannot be found
