@@ -1,6 +1,9 @@
-"""cffi build script for the native queue: declarations and sources only.
+"""cffi build script for the native core: declarations and sources only.
 
-Compiled by `pip install .` through `cffi_modules` in setup.py, into `replay._rq`.
+Compiled by `pip install .` through `cffi_modules` in setup.py, into `replay._rq`. The C
+lives in files beside this one: rq.h and rb.h (the API, also what cdef parses),
+rqpy.cdef (the constants and the glue's declarations), rqpy_glue.h (the glue that keeps
+the GIL, and why), rq.c and rb.c (with the headers they include).
 """
 from pathlib import Path
 
@@ -8,114 +11,31 @@ from cffi import FFI
 
 HERE = Path(__file__).resolve().parent
 
+# The calls that may sleep. The wrappers cffi generates keep the GIL (rqpy_glue.h), so
+# Python reaches these only through their rqpy_/rbpy_ glue, and cdef leaves them out.
+# Each is declared on one line of its header, so that leaving out the line leaves out
+# the whole declaration.
+WAITING = ("int64_t rq_push(", "int64_t rq_pop(", "int64_t rq_borrow(", "int64_t rb_sample(")
+
+
+def declarations(header):
+    """rq.h and rb.h use only plain C types, so each is also the declaration cffi parses,
+    less its preprocessor lines, which cdef does not accept (rqpy.cdef declares the
+    constants), and less the calls that may sleep."""
+    lines = (HERE / header).read_text().splitlines()
+    for line in lines:
+        if line.startswith(WAITING) and not line.rstrip().endswith(");"):
+            raise SystemExit(f"{header}: keep this declaration on one line: {line}")
+    return "\n".join(line for line in lines if not line.startswith(("#",) + WAITING))
+
+
 ffibuilder = FFI()
-# rq.h uses only plain C types, so it is also the declaration cffi parses; strip the
-# preprocessor lines, which cdef does not accept (it gets the constants below).
-ffibuilder.cdef(
-    "\n".join(
-        line
-        for line in (HERE / "rq.h").read_text().splitlines()
-        # rq_push/rq_pop/rq_borrow may sleep, and the wrappers cffi generates keep the
-        # GIL (see GLUE below): Python reaches them only through their rqpy_ glue.
-        if not line.startswith(("#", "int64_t rq_push(", "int64_t rq_pop(", "int64_t rq_borrow("))
-    )
-    + """
-    #define RQ_OK ...
-    #define RQ_CLOSED ...
-    #define RQ_TOO_MANY_PRODUCERS ...
-    #define RQ_TOO_MANY_CONSUMERS ...
-    #define RQ_BORROWING ...
-    #define RQ_NOT_BORROWING ...
-    #define RQ_BAD_ARGUMENT ...
-    #define RQ_BAD_HEADER ...
-    #define RQ_MAX_PRODUCERS ...
-    #define RQ_MAX_CONSUMERS ...
-    #define RQ_MAX_RECORD_SIZE ...
-    #define RQ_MAX_CAPACITY ...
-    int64_t rqpy_push(void *mem, const void *records, uint64_t n, int64_t timeout_ns);
-    int64_t rqpy_pop(void *mem, void *out, uint64_t n, int64_t timeout_ns);
-    int64_t rqpy_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot);
-    """
-)
-
-# cffi releases the GIL around every call. For a call that takes ~100 ns that costs more
-# than the call: with two busy Python threads, each release hands the GIL to the other
-# thread, so every put and get becomes a thread switch. cffi has no per-function switch,
-# so the glue below keeps the GIL for every generated wrapper, and the three calls that
-# can wait release it themselves, only once they have to wait.
-GLUE = """
-#include "rq.h"
-
-#define RQPY_MOVE(name, op, buffer_type)                                          \\
-    static int64_t name(void *mem, buffer_type records, uint64_t n, int64_t timeout_ns) { \\
-        int64_t moved = op(mem, records, n, 0); /* GIL held: no switch */         \\
-        if (moved != 0 || timeout_ns == 0) return moved;                          \\
-        Py_BEGIN_ALLOW_THREADS                                                    \\
-        moved = op(mem, records, n, timeout_ns);                                  \\
-        Py_END_ALLOW_THREADS                                                      \\
-        return moved;                                                             \\
-    }
-RQPY_MOVE(rqpy_push, rq_push, const void *)
-RQPY_MOVE(rqpy_pop, rq_pop, void *)
-
-static int64_t rqpy_borrow(void *mem, uint64_t n, int64_t timeout_ns, uint64_t *slot) {
-    int64_t lent = rq_borrow(mem, n, 0, slot); /* GIL held: no switch */
-    if (lent != 0 || timeout_ns == 0) return lent;
-    Py_BEGIN_ALLOW_THREADS
-    lent = rq_borrow(mem, n, timeout_ns, slot);
-    Py_END_ALLOW_THREADS
-    return lent;
-}
-
-/* From here on, the wrappers cffi generates keep the GIL. */
-#undef Py_BEGIN_ALLOW_THREADS
-#undef Py_END_ALLOW_THREADS
-#define Py_BEGIN_ALLOW_THREADS {
-#define Py_END_ALLOW_THREADS }
-"""
-
-# The replay buffers (rb.h, rb.c), declared the same way. rb_sample may wait, so Python
-# reaches it only through rbpy_sample (RB_GLUE), like rq_push and rq_pop.
-ffibuilder.cdef(
-    "\n".join(
-        line
-        for line in (HERE / "rb.h").read_text().splitlines()
-        # (rb_sample's declaration is kept on one line for this filter)
-        if not line.startswith(("#", "int64_t rb_sample("))
-    )
-    + """
-    #define RB_OK ...
-    #define RB_BAD_ARGUMENT ...
-    #define RB_BAD_HEADER ...
-    #define RB_BAD_PRIORITY ...
-    #define RB_BAD_POSITION ...
-    #define RB_MAX_CAPACITY ...
-    #define RB_MAX_RECORD_SIZE ...
-    #define RB_MAX_TIMES_SAMPLED ...
-    int64_t rbpy_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions,
-                        double *probabilities, uint64_t n, uint64_t recent, int64_t timeout_ns);
-    """
-)
-
-# Placed before GLUE, which redefines the GIL macros: first a try with the GIL held, then
-# the GIL is released only to wait.
-RB_GLUE = """
-#include "rb.h"
-
-static int64_t rbpy_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions,
-                           double *probabilities, uint64_t n, uint64_t recent, int64_t timeout_ns) {
-    int64_t got = rb_sample(mem, rng, out, positions, probabilities, n, recent, 0);
-    if (got != 0 || timeout_ns == 0) return got;
-    Py_BEGIN_ALLOW_THREADS
-    got = rb_sample(mem, rng, out, positions, probabilities, n, recent, timeout_ns);
-    Py_END_ALLOW_THREADS
-    return got;
-}
-"""
-
+ffibuilder.cdef(declarations("rq.h"))
+ffibuilder.cdef(declarations("rb.h"))
+ffibuilder.cdef((HERE / "rqpy.cdef").read_text())
 ffibuilder.set_source(
     "replay._rq",
-    RB_GLUE + GLUE,
+    '#include "rqpy_glue.h"',
     # Relative to the project root, where the package build runs this script.
     sources=["native/rq.c", "native/rb.c"],
     include_dirs=["native"],

@@ -18,23 +18,17 @@
 #define _GNU_SOURCE
 #include "rb.h"
 #include "atomic64.h"
+#include "common.h" /* LINE, SLOT_ALIGN, clock, deadlines, spin-then-yield, process_alive */
 
-#include <errno.h>
 #include <float.h>
-#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
-#include <sched.h>
-#include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
 
-#define LINE 128      /* hot fields two cache lines apart: adjacent-line prefetch */
-#define SLOT_ALIGN 64 /* slots start on a cache line */
 #define RB_MAGIC 0x3146554252504552ull /* "REPRBUF1" */
 #define RB_VERSION 2 /* 2: use counts with pending draws */
 
@@ -51,14 +45,13 @@ void rb_test_hook(uint64_t pos);
  * tree) is retried; after this many failures in a row a census scan decides. */
 #define MAX_REJECTS 64
 #define CENSUS_ROUNDS 4
-/* Waiting samplers spin, then yield, then sleep with a doubling nap up to MAX_NAP_NS:
- * writers never wake anyone, so add pays nothing for waiting samplers. */
-#define SPIN_ROUNDS 64
-#define YIELD_ROUNDS 16
+/* Waiting samplers spin, then yield (SPIN_ROUNDS, YIELD_ROUNDS: common.h), then sleep
+ * with a doubling nap up to MAX_NAP_NS: writers never wake anyone, so add pays nothing
+ * for waiting samplers. */
 #define FIRST_NAP_NS 20000ll
 #define MAX_NAP_NS 1000000ll
 
-_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to work across processes");
+/* common.h asserts that 64-bit atomics are lock-free. */
 _Static_assert(sizeof(double) == 8, "a sum-tree node is one 64-bit word");
 
 /*
@@ -142,7 +135,6 @@ _Static_assert(offsetof(header_t, tree_guard) == 5 * LINE, "tree guard on its ow
 #define GUARD_BEGUN (1ull << 32)
 #define GUARD_ACTIVE 0xffffffffull
 
-static inline uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
 static inline uint64_t record_words(uint64_t record_size) { return (record_size + 7) / 8; }
 
 static inline slot_t *slot_of(header_t *h, uint64_t index) {
@@ -154,12 +146,6 @@ static inline _Atomic uint64_t *tree_of(header_t *h) {
 }
 static inline double node(_Atomic uint64_t *tree, uint64_t i) {
     return f64_from_bits(atomic_load_explicit(&tree[i], memory_order_relaxed));
-}
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
 /* ---- layout ---- */
@@ -302,7 +288,11 @@ static inline uint64_t below(uint64_t *rng, uint64_t n) {
 /* Uniform in [0, 1), 53 bits. */
 static inline double unit(uint64_t *rng) { return (double)(next64(rng) >> 11) * 0x1.0p-53; }
 
-/* ---- writers' process ids, and whether a writer is still alive ---- */
+/* ---- writers' process ids, and whether a writer is still alive ----
+ * A stamp being written names its writer's process, not its thread: from Python a
+ * thread cannot die inside a C call while its process lives (rq.c's registry works per
+ * thread because its claims are undone per thread). take_slot asks process_alive
+ * (common.h) whether that process still runs. */
 
 static _Atomic pid_t cached_pid;
 static pthread_once_t atfork_once = PTHREAD_ONCE_INIT;
@@ -319,23 +309,6 @@ static pid_t my_pid(void) {
         atomic_store_explicit(&cached_pid, pid, memory_order_relaxed);
     }
     return pid;
-}
-
-/* A process is alive unless it is gone or a zombie waiting to be reaped. Processes,
- * not threads: from Python a thread cannot die inside a C call while its process lives
- * (rq.c's registry works per thread because its claims are undone per thread). */
-static bool pid_alive(pid_t pid) {
-    if (kill(pid, 0) != 0 && errno == ESRCH) return false;
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return true; /* no /proc view of it: assume alive (safe) */
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return true;
-    buf[n] = 0;
-    const char *paren = strrchr(buf, ')'); /* the state letter follows "pid (comm) " */
-    return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
 }
 
 /* ---- the sum tree ----
@@ -461,7 +434,7 @@ static bool take_slot(slot_t *s, uint64_t p, pid_t me, bool *overwrote, bool *re
         bool dead = false;
         if (is_writing(old)) {
             pid_t writer = writer_of(old);
-            if (writer == me || pid_alive(writer)) return false;
+            if (writer == me || process_alive(writer)) return false;
             dead = true;
         } else if (is_published(old) && position_of(old) > p) {
             return false;
@@ -853,19 +826,10 @@ static int64_t try_sample(header_t *h, uint64_t *rng, char *out, uint64_t *posit
     return complete ? (int64_t)n : 0;
 }
 
+/* One round of a sampler's wait: spin, then yield (keep_spinning, common.h), then a nap
+ * of FIRST_NAP_NS doubling each round up to MAX_NAP_NS, never past the deadline. */
 static void pause_round(int round, int64_t deadline) {
-    if (round < SPIN_ROUNDS) {
-#if defined(__x86_64__) || defined(__i386__)
-        __builtin_ia32_pause();
-#elif defined(__aarch64__)
-        __asm__ __volatile__("yield");
-#endif
-        return;
-    }
-    if (round < SPIN_ROUNDS + YIELD_ROUNDS) {
-        sched_yield();
-        return;
-    }
+    if (keep_spinning(round)) return;
     int shift = round - SPIN_ROUNDS - YIELD_ROUNDS;
     int64_t nap = shift >= 6 ? MAX_NAP_NS : FIRST_NAP_NS << shift;
     if (nap > MAX_NAP_NS) nap = MAX_NAP_NS;
@@ -886,11 +850,8 @@ int64_t rb_sample(void *mem, uint64_t *rng, void *out, uint64_t *positions,
     for (int round = 0;; round++) {
         int64_t k = try_sample(h, rng, out, positions, probabilities, n, recent);
         if (k > 0 || timeout_ns == 0) return k;
-        if (deadline == -2) {
-            int64_t now = now_ns();
-            deadline = timeout_ns < 0 || timeout_ns > INT64_MAX - now ? -1 : now + timeout_ns;
-        }
-        if (deadline >= 0 && now_ns() >= deadline) return 0;
+        if (deadline == -2) deadline = deadline_of(timeout_ns);
+        if (expired(deadline)) return 0;
         pause_round(round, deadline);
     }
 }

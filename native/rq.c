@@ -19,23 +19,18 @@
 #define _GNU_SOURCE
 #include "rq.h"
 #include "atomic64.h"
+#include "common.h" /* LINE, SLOT_ALIGN, clock, deadlines, spin-then-yield, thread_alive */
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <linux/futex.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
-#include <stdio.h>
 #include <string.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
-#define LINE 128        /* separate hot fields by two cache lines: adjacent-line prefetch */
-#define SLOT_ALIGN 64   /* slots are rounded to one cache line */
 #define MAGIC 0x3151594c50455251ull /* "RQEPLYQ1" */
 #define COUNTERS_MAGIC 0x31544e43504552ull
 #define VERSION 2 /* 2: consumer registry and dead-consumer watch */
@@ -59,11 +54,8 @@ void rq_test_hook(int point, uint64_t pos);
  * before the other side asks whether its owner is still alive (also the interval
  * between two such checks). */
 #define STUCK_NS 20000000ll /* 20 ms */
-/* Spin this many rounds, then yield the core this many times, before sleeping. */
-#define SPIN_ROUNDS 64
-#define YIELD_ROUNDS 16
 
-_Static_assert(ATOMIC_LLONG_LOCK_FREE == 2, "64-bit atomics must be lock-free to work across processes");
+/* common.h asserts the same of 64-bit atomics. */
 _Static_assert(ATOMIC_INT_LOCK_FREE == 2, "32-bit atomics must be lock-free to work across processes");
 _Static_assert(sizeof(_Atomic uint64_t) == 8, "a stamp is one 64-bit word");
 _Static_assert(sizeof(_Atomic uint32_t) == 4, "futex words are 32 bits");
@@ -128,28 +120,12 @@ _Static_assert(offsetof(header_t, tail) == 1 * LINE, "tail on its own line");
 _Static_assert(offsetof(header_t, head) == 2 * LINE, "head on its own line, apart from tail");
 _Static_assert(offsetof(header_t, pop_word) == 3 * LINE, "wait words apart from the indices");
 
-static inline uint64_t round_up(uint64_t x, uint64_t to) { return (x + to - 1) / to * to; }
-
 static inline slot_t *slot_at(header_t *h, uint64_t pos) {
     return (slot_t *)((char *)h + h->slots_offset + (pos % h->capacity) * h->slot_size);
 }
 static inline char *record_of(slot_t *s) { return (char *)s + sizeof(uint64_t); }
 static inline claimant_t *registry(header_t *h, int role) {
     return (claimant_t *)((char *)h + (role == PRODUCER ? h->producers_offset : h->consumers_offset));
-}
-
-static int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
-}
-
-static inline void cpu_relax(void) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    __asm__ __volatile__("yield");
-#endif
 }
 
 /* ---- futex: shared (not FUTEX_PRIVATE), since waiters may be in other processes ---- */
@@ -212,20 +188,10 @@ static uint64_t self_owner(void) {
     return (uint64_t)getpid() << 32 | (uint32_t)syscall(SYS_gettid);
 }
 
-/* Alive unless the thread is gone or its process is a zombie waiting to be reaped. */
+/* Whether the thread of a registry entry's `owner` lives (common.h: a thread, not a
+ * process, and how the check differs from rb.c's). */
 static bool owner_alive(uint64_t owner) {
-    pid_t pid = (pid_t)(owner >> 32), tid = (pid_t)(owner & 0xffffffffu);
-    if (syscall(SYS_tgkill, pid, tid, 0) != 0) return errno == EPERM;
-    char path[64], buf[256];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/stat", pid, tid);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return true; /* no /proc view of it (another PID namespace): assume alive */
-    ssize_t n = read(fd, buf, sizeof buf - 1);
-    close(fd);
-    if (n <= 0) return true;
-    buf[n] = 0;
-    const char *paren = strrchr(buf, ')'); /* the state letter follows "pid (comm) " */
-    return !(paren && paren[1] == ' ' && (paren[2] == 'Z' || paren[2] == 'X'));
+    return thread_alive((pid_t)(owner >> 32), (pid_t)(owner & 0xffffffffu));
 }
 
 /* True once no position in the entry's intent is both claimed and not yet handed on:
@@ -321,19 +287,28 @@ static bool skip_if_owner_dead(header_t *h, uint64_t pos) {
     return true;
 }
 
+/* The timer of both watches (stuck_pos and stuck_since_ns, held_pos and held_since_ns).
+ * `seen_pos` holds the position + 1 of the slot being watched, `since_ns` when it was
+ * first seen or last checked. A new slot restarts the timer. True once the slot at `pos`
+ * has been watched for STUCK_NS, for the one caller whose CAS moves `since_ns` to now:
+ * at most one liveness check per STUCK_NS. */
+static bool watch_due(_Atomic uint64_t *seen_pos, _Atomic int64_t *since_ns, uint64_t pos) {
+    int64_t now = now_ns();
+    uint64_t seen = atomic_load_explicit(seen_pos, memory_order_relaxed);
+    if (seen != pos + 1) {
+        if (atomic_compare_exchange_strong(seen_pos, &seen, pos + 1))
+            atomic_store(since_ns, now);
+        return false;
+    }
+    int64_t since = atomic_load(since_ns);
+    if (now - since < STUCK_NS) return false;
+    return atomic_compare_exchange_strong(since_ns, &since, now); /* one checker */
+}
+
 /* A consumer found the slot at `pos` claimed and unpublished. Checking liveness costs
  * system calls, so only do it once the same slot has been stuck for STUCK_NS. */
 static void watch_stuck(header_t *h, uint64_t pos) {
-    int64_t now = now_ns();
-    uint64_t seen = atomic_load_explicit(&h->stuck_pos, memory_order_relaxed);
-    if (seen != pos + 1) {
-        if (atomic_compare_exchange_strong(&h->stuck_pos, &seen, pos + 1))
-            atomic_store(&h->stuck_since_ns, now);
-        return;
-    }
-    int64_t since = atomic_load(&h->stuck_since_ns);
-    if (now - since < STUCK_NS) return;
-    if (!atomic_compare_exchange_strong(&h->stuck_since_ns, &since, now)) return; /* one checker */
+    if (!watch_due(&h->stuck_pos, &h->stuck_since_ns, pos)) return;
     /* A dead producer's batch covers consecutive positions: skip all of them now, not
      * one per check. Acquire on tail: see skip_if_owner_dead. */
     uint64_t tail = atomic_load_explicit(&h->tail, memory_order_acquire) & ~CLOSED_BIT;
@@ -366,16 +341,7 @@ static bool release_if_holder_dead(header_t *h, uint64_t pos) {
  * line, and head is read only then, so that a full queue costs the consumers nothing.
  * Returns true if it released the slot of `pos`. */
 static bool watch_held(header_t *h, uint64_t pos) {
-    int64_t now = now_ns();
-    uint64_t seen = atomic_load_explicit(&h->held_pos, memory_order_relaxed);
-    if (seen != pos + 1) {
-        if (atomic_compare_exchange_strong(&h->held_pos, &seen, pos + 1))
-            atomic_store(&h->held_since_ns, now);
-        return false;
-    }
-    int64_t since = atomic_load(&h->held_since_ns);
-    if (now - since < STUCK_NS) return false;
-    if (!atomic_compare_exchange_strong(&h->held_since_ns, &since, now)) return false; /* one checker */
+    if (!watch_due(&h->held_pos, &h->held_since_ns, pos)) return false;
     /* Acquire on head pairs with the release CAS of the consumer that claimed pos (pop
      * step 5): its intent is visible to the registry reads. A dead consumer's claim
      * covers consecutive positions: release all of them now. */
@@ -593,28 +559,6 @@ static void sleep_on(_Atomic uint32_t *word, uint32_t value, int64_t deadline) {
     if (deadline < 0 || left > 0) futex_wait(word, value, left);
 }
 
-/* Before sleeping, spin a little (the other side is often running on another core and
- * about to make room or publish), then yield the core a few times (other runnable
- * threads may be the ones we wait for). Returns false once it is time to sleep. */
-static bool keep_spinning(int round) {
-    if (round < SPIN_ROUNDS) {
-        cpu_relax();
-        return true;
-    }
-    if (round < SPIN_ROUNDS + YIELD_ROUNDS) {
-        sched_yield();
-        return true;
-    }
-    return false;
-}
-
-static int64_t deadline_of(int64_t timeout_ns) {
-    int64_t now = now_ns();
-    return timeout_ns < 0 || timeout_ns > INT64_MAX - now ? -1 : now + timeout_ns;
-}
-
-static bool expired(int64_t deadline) { return deadline >= 0 && now_ns() >= deadline; }
-
 /* The end of one sleep: `deadline`, but never more than 2 * STUCK_NS away. A slot whose
  * owner dies while we sleep (a producer's claim for consumers, a consumer's claim for
  * producers) is then looked at again by the watches, even if nobody wakes us. */
@@ -800,16 +744,13 @@ void rq_counter_set_int(void *mem, uint64_t i, int64_t value) {
     atomic_store_explicit(&cell(mem, i)->value, (uint64_t)value, memory_order_relaxed);
 }
 
-static inline uint64_t bits_of(double d) { uint64_t u; memcpy(&u, &d, 8); return u; }
-static inline double double_of(uint64_t u) { double d; memcpy(&d, &u, 8); return d; }
-
 /* The CAS loop of atomic64.h, which rb.c's sum tree shares. */
 void rq_counter_add_float(void *mem, uint64_t i, double value) {
     atomic_add_f64(&cell(mem, i)->value, value);
 }
 
 void rq_counter_set_float(void *mem, uint64_t i, double value) {
-    atomic_store_explicit(&cell(mem, i)->value, bits_of(value), memory_order_relaxed);
+    atomic_store_explicit(&cell(mem, i)->value, f64_to_bits(value), memory_order_relaxed);
 }
 
 uint64_t rq_counter_load(const void *mem, uint64_t i) {

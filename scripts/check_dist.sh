@@ -50,7 +50,7 @@ passed=$((passed + 1))
 say "the sdist holds what compiling the C core needs, and no stress-test file"
 tar tzf "$sdist" > "$work/sdist.txt"
 for f in setup.py pyproject.toml native/build_rq.py native/rq.c native/rq.h native/rb.c native/rb.h \
-         native/atomic64.h; do
+         native/atomic64.h native/common.h native/rqpy_glue.h native/rqpy.cdef; do
     grep -qx "[^/]*/$f" "$work/sdist.txt" || { echo "check_dist: the sdist lacks $f" >&2; exit 1; }
 done
 if grep -E '/native/stress' "$work/sdist.txt"; then
