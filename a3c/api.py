@@ -1,30 +1,42 @@
-"""The Python API, in the shape Stable-Baselines3 users know.
+"""The Python API, in the shape Stable-Baselines3 users know, and the one run pipeline:
+the command line's `a3c train` and `a3c eval` call it too.
 
-    model = A3C("configs/cartpole.yaml", actors__num=4).learn(200_000)
-    action, _ = model.predict(obs, deterministic=True)
-    model.save("cartpole.pt"); model = A3C.load("cartpole.pt")
-    model = A3C({"env": {"id": "Corridor"}}, env=make_corridor).learn()   # your own environment
+    agent = A3C("cartpole", actors__num=4).learn(200_000)   # a shipped config, by name
+    action, _ = agent.predict(obs)
+    agent.save("cartpole.pt"); agent = A3C.load("cartpole.pt")
+    agent = A3C.resume("runs/cartpole-20261207-120000").learn()   # a run folder goes on
+    agent = A3C({"env": {"id": "Corridor"}}, env=make_corridor).learn()   # a user's own environment
+
+A run: the config is loaded and validated, `preflight` checks what it names (the
+environment, the device, the queue), the model is built and checked against the
+learner's settings; only then is a run folder written, and the trainer started.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 import torch
 
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .config import Config, config_here, config_to_dict, load_config, save_config
-from .envs import check_env_factory, env_action, factory_name, make_env
+from .checkpoint import (check_compatible, config_here, latest_checkpoint, load_checkpoint,
+                         load_state, save_checkpoint)
+from .config import Config, ConfigError, config_to_dict, load_config, save_config
+from .envs import env_action, factory_name
+from .envs.play import evaluate
+from .envs.preflight import preflight, probe_env
+from .envs.spaces import as_batch, batch_size, obs_to_torch
 from .metrics import Sink
-from .spaces import as_batch, batch_size, obs_to_torch
-from .runner import Trainer, build_default_model, check_compatible, check_learner_settings, load_state
+from .trainer import Trainer, build_default_model, check_learner_settings
 
 __all__ = ["A3C", "evaluate", "new_run_dir"]
+
+DEFAULT_CONFIG = "cartpole"
 
 
 def new_run_dir(cfg: Config) -> Path:
@@ -44,9 +56,10 @@ def new_run_dir(cfg: Config) -> Path:
 class A3C:
     """An A3C/V-trace agent.
 
-    `config` is a path to a YAML file, a dict or a `Config`; keyword overrides use `__`
+    `config` is a shipped config's name (`"cartpole"`, the default; `a3c.config.shipped_configs`
+    lists them), a path to a YAML file, a dict or a `Config`; keyword overrides use `__`
     for the dots (`optim__lr=3e-4` sets `optim.lr`). `model` replaces the default
-    network with any `torch.nn.Module` that has the interface of `a3c.model.ActorCritic`.
+    network with any `torch.nn.Module` that has the interface of `a3c.models.ActorCritic`.
 
     `env` is a callable returning a `gymnasium.Env` (a class, a module-level function, a
     `functools.partial` of one), called with `env.kwargs`. It makes every environment of
@@ -55,21 +68,28 @@ class A3C:
     `env.max_episode_steps`, `env.atari` and `env.wrappers` still apply to what it returns.
     With actor processes it must pickle. A config cannot hold it: the run's config records
     its name as `env.factory`, and `A3C.load` of such a run needs `env=` again.
+
+    A run whose environment the overrides (or `env`) change, and not its name, is named
+    after the environment: `A3C("cartpole", env__id="Acrobot-v1")` makes `runs/Acrobot-v1-...`.
     """
 
-    def __init__(self, config: str | os.PathLike | dict | Config = "configs/cartpole.yaml",
+    def __init__(self, config: str | os.PathLike | dict | Config = DEFAULT_CONFIG,
                  model: torch.nn.Module | None = None, env: Callable[..., gym.Env] | None = None,
                  **overrides):
         items = {k.replace("__", "."): v for k, v in overrides.items()}
         if env is not None:
             items["env.factory"] = factory_name(env)
         self.config = load_config(config, items)
-        check_env_factory(env, self.config.actors.mode)  # before any run folder
+        preflight(self.config, env)  # what the config names: before any model or run folder
         self.env_factory = env
         self.model = model if model is not None else build_default_model(self.config, env)
         check_learner_settings(self.config, self.model)  # settings this model cannot take
+        probe_env(self.config, env)  # one reset and step: an environment on gym's old API
         self._state: dict | None = None  # optimizer state and counters after learn()
+        # The run's folder: the latest learn()'s, or after A3C.resume the one it goes on in.
         self.run_dir: Path | None = None
+        self._resume = False  # whether the next learn() goes on with the run in run_dir
+        self.final_checkpoint = False  # whether the latest learn() wrote its final checkpoint
         # The returns of the last episodes of the latest learn(); empty before one.
         self.recent_returns: list[float] = []
 
@@ -84,21 +104,35 @@ class A3C:
         return int(self.counters.get("env_steps", 0))
 
     def learn(self, total_timesteps: int | None = None, run_dir: str | os.PathLike | None = None,
-              sink: Sink | None = None) -> A3C:
-        """Train for `total_timesteps` more env steps (default: the config's)."""
-        more = int(total_timesteps if total_timesteps is not None else self.config.total_timesteps)
+              sink: Sink | None = None, on_start: Callable[[Path], None] | None = None) -> A3C:
+        """Train for `total_timesteps` more env steps (default: the config's), in a new run
+        folder (or `run_dir`). After `A3C.resume`, by default the run goes on in its own
+        folder until its config's `total_timesteps`. `on_start(run_dir)` is called once the
+        run folder is written, before any worker starts."""
+        resume, self._resume = self._resume, False
+        if total_timesteps is not None:
+            more = int(total_timesteps)
+        elif resume:
+            more = self.config.total_timesteps - self.num_timesteps
+        else:
+            more = self.config.total_timesteps
         if more < 1:
             raise ValueError(f"learn({total_timesteps}): train for at least 1 more env step")
         cfg = dataclasses.replace(self.config, total_timesteps=self.num_timesteps + more)
         if self._state is not None:  # before any folder: the trained state fits this config
             check_compatible(cfg, self._state)
         if cfg.actors.mode == "ray":
-            from .remote import check_cluster
+            from .actors.cluster import check_cluster
 
             check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder
-        self.run_dir = Path(run_dir) if run_dir is not None else new_run_dir(cfg)
+        if run_dir is not None:
+            self.run_dir = Path(run_dir)
+        elif not resume:
+            self.run_dir = new_run_dir(cfg)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir / "config.yaml")
+        if on_start is not None:
+            on_start(self.run_dir)
         trainer = Trainer(cfg, self.run_dir, self.model, self._state, sink, self.env_factory)
         try:
             trainer.train()
@@ -108,6 +142,7 @@ class A3C:
             self._state = {"model": None, "optimizer": trainer.optimizer.state_dict(),
                            "config": config_to_dict(cfg), "counters": trainer.counters.snapshot(),
                            "proximal": trainer.proximal_state()}
+            self.final_checkpoint = trainer.saved
             monitor = getattr(trainer, "monitor", None)
             self.recent_returns = list(monitor.recent_returns) if monitor else []
         return self
@@ -115,7 +150,9 @@ class A3C:
     def predict(self, obs, state: np.ndarray | None = None, episode_start=None,
                 deterministic: bool = True):
         """Action(s) for one observation or a batch; returns (action, state) as SB3 (and
-        sb3-contrib's RecurrentPPO) does. Observations of a Dict or Tuple space come as
+        sb3-contrib's RecurrentPPO) does. `deterministic` is True by default, where SB3's
+        is False: a trained policy is used for what it does best, as `a3c eval` plays it;
+        pass False to sample from the policy, as the actors do while training. Observations of a Dict or Tuple space come as
         the environment returns them (a batch: each leaf stacked, as a vector environment
         returns them).
 
@@ -164,43 +201,31 @@ class A3C:
             agent._state = {**state, "config": config, "model": None}
         return agent
 
+    @classmethod
+    def resume(cls, run_dir: str | os.PathLike, overrides: Sequence[str] | Mapping[str, Any] = (),
+               model: torch.nn.Module | None = None, env: Callable[..., gym.Env] | None = None) -> A3C:
+        """The run of a run folder, from its last checkpoint, to go on with: its config.yaml
+        with `overrides` (`["total_timesteps=2000000"]`, or a mapping), and `learn()` then
+        trains on in that folder until the config's `total_timesteps`. Refused, before
+        anything is written, if the checkpoint does not fit the config, or the run has no
+        budget left."""
+        run_dir = Path(run_dir)
+        if run_dir.is_file():  # the run's checkpoint file named in place of its folder
+            if run_dir != latest_checkpoint(run_dir.parent):
+                raise ConfigError([f"--resume {run_dir}: a run resumes from its folder (which holds "
+                                   "config.yaml and checkpoint.pt); give the run folder"])
+            run_dir = run_dir.parent
+        config = load_config(run_dir / "config.yaml", overrides)
+        state = load_checkpoint(latest_checkpoint(run_dir))
+        check_compatible(config, state)  # before anything is built or written
+        agent = cls(config, model=model, env=env)
+        load_state(state, agent.model)  # settings this model cannot take were checked first
+        done = int(state["counters"].get("env_steps", 0))
+        if done >= config.total_timesteps:
+            raise ConfigError([f"total_timesteps: the run has trained {done} env steps of its "
+                               f"{config.total_timesteps}, so its budget is spent; to train on, raise "
+                               f"it: a3c train --resume {run_dir} total_timesteps={2 * config.total_timesteps}"])
+        agent._state = {**state, "model": None}  # the model holds its weights now
+        agent.run_dir, agent._resume = run_dir, True
+        return agent
 
-def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
-             deterministic: bool = True, env: Callable[..., gym.Env] | None = None) -> np.ndarray:
-    """Returns of `episodes` episodes played by the greedy (or sampled) policy, in the
-    config's environment or the one `env` makes (an agent's `env_factory`)."""
-    made = make_env(cfg.env, env_factory=env)
-    try:
-        return play(model, made, episodes, seed, deterministic)
-    finally:
-        made.close()
-
-
-def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
-         deterministic: bool = True, on_state: Callable[[gym.Env], None] | None = None) -> np.ndarray:
-    """The episode loop of `evaluate` (and of `a3c.video`): returns of `episodes` episodes,
-    the i-th reset with `seed + i`. `on_state(env)` is called after every reset and every
-    step, e.g. to render a frame."""
-    returns = []
-    recurrent = getattr(model, "is_recurrent", False)
-    for episode in range(episodes):
-        obs, _ = env.reset(seed=seed + episode)
-        total, done = 0.0, False
-        state = model.initial_state(1) if recurrent else None  # carried through the episode
-        no_start = torch.zeros(1, dtype=torch.bool)
-        if on_state is not None:
-            on_state(env)
-        while not done:
-            batch = obs_to_torch(as_batch(obs, env.observation_space)[0])
-            if recurrent:
-                action, _, _, state = model.act_recurrent(batch, state, no_start, deterministic)
-            else:
-                action, _, _ = model.act(batch, deterministic)
-            action = action.numpy()[0]
-            obs, reward, terminated, truncated, _ = env.step(env_action(action, env.action_space))
-            total += float(reward)
-            done = terminated or truncated
-            if on_state is not None:
-                on_state(env)
-        returns.append(total)
-    return np.asarray(returns)

@@ -87,8 +87,9 @@ class Monitor(threading.Thread):
         if progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_timesteps, unit="step", unit_scale=True,
-                             dynamic_ncols=True, smoothing=0.1)
+            # initial: a resumed run's steps count as done before the bar, not in its first second
+            self._bar = tqdm(total=total_timesteps, initial=int(counters["env_steps"]), unit="step",
+                             unit_scale=True, dynamic_ncols=True, smoothing=0.1)
         self._last = (time.monotonic(), counters.snapshot())
 
     def run(self) -> None:
@@ -155,7 +156,7 @@ class Monitor(threading.Thread):
         gets = counts["queue_gets"] - before["queue_gets"]
         if gets:  # replayed fragments per fresh fragment over the interval
             scalar("replay/ratio", (counts["replayed"] - before["replayed"]) / gets, step)
-        steps = self._learner_steps()  # STEP_DTYPE records (a3c.learner)
+        steps = self._learner_steps()  # STEP_DTYPE records (a3c.learners.updater)
         if len(steps):
             for name in ("policy", "value", "entropy", "clip_fraction", "explained_variance", "grad_norm",
                          "approx_kl"):

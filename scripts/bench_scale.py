@@ -70,11 +70,13 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
     threads on a GPU copy) on `task`'s config, fed ready-made fragments as fast as they
     take them."""
     import torch
-    from a3c.actor import fragment_dtype
+    from a3c.actors.loop import fragment_dtype
     from a3c.config import load_config
-    from a3c.learner import DeviceCopy, start_learners, step_queue
-    from a3c.optim import build_optimizer
-    from a3c.runner import COUNTERS, TIMERS, _learner_context, build_default_model
+    from a3c.learners.updater import step_queue
+    from a3c.learners.workers import DeviceCopy, start_learners
+    from a3c.learners.optim import build_optimizer
+    from a3c.procs import learner_context as _learner_context
+    from a3c.trainer import COUNTERS, TIMERS, build_default_model
     from replay import ArrayQueue, Closed, Counters
 
     on_gpu = mode == "cuda"
@@ -236,8 +238,8 @@ class ReadyFragments:
         self.node_id = ray.get_runtime_context().get_node_id()
 
     def sample(self, version, weights):
-        from a3c.actor import EPISODE_DTYPE
-        from a3c.remote import Sample
+        from a3c.actors.loop import EPISODE_DTYPE
+        from a3c.actors.remote import Sample
 
         return Sample(self.out, np.zeros(0, EPISODE_DTYPE), 0.0, 0.0, self.node_id)
 
@@ -248,7 +250,7 @@ def ready_fragments(cpus: set[int] | None) -> type:
 
 
 def atari_dtype():
-    from a3c.actor import fragment_dtype
+    from a3c.actors.loop import fragment_dtype
 
     return fragment_dtype(gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(6), T)
 
@@ -280,9 +282,9 @@ def pump_mb_per_s(actor: type, cfg, seconds: float, warmup: float,
     Discard instead: the pump's own cost, without the copies into and out of the queue."""
     import torch
 
-    from a3c.actor import EPISODE_DTYPE
-    from a3c.remote import Pump
-    from a3c.runner import COUNTERS, TIMERS
+    from a3c.actors.loop import EPISODE_DTYPE
+    from a3c.actors.remote import Pump
+    from a3c.trainer import COUNTERS, TIMERS
     from replay import ArrayQueue, Closed, Counters
 
     dtype = atari_dtype()
@@ -290,7 +292,7 @@ def pump_mb_per_s(actor: type, cfg, seconds: float, warmup: float,
     counters = Counters(COUNTERS, TIMERS)
     pump = Pump(cfg, torch.nn.Linear(1, 1), Discard(dtype) if discard else fragments, episodes,
                 counters, actor=actor)
-    from a3c.learner import BatchSource
+    from a3c.learners.source import BatchSource
 
     class Transport(BatchSource):
         """Takes batches of 32 as a learner does (in place where a whole batch is ready,

@@ -3,8 +3,8 @@
 # environment and smoke-test it there, away from the source tree:
 #   1. without torch: `import replay` works and `import torch` fails (replay needs only numpy
 #      and cffi), an ArrayQueue put/get and a ReplayBuffer add/sample round trip;
-#   2. with torch and the [train] extra: a short `a3c train configs/cartpole.yaml`, then
-#      `a3c eval` on its run folder.
+#   2. with torch and the [train] extra: a short `a3c train cartpole` (the shipped config,
+#      found by name inside the installed package), then `a3c eval` on its run folder.
 # Run from the repository root, with `build` installed (the [test] extra):
 #   bash scripts/check_dist.sh
 # Exits non-zero at the first failure; its temporary folders are removed either way.
@@ -118,8 +118,8 @@ EOF
     quietly "$env/bin/python" -m pip install "$artifact[train]"
     "$env/bin/python" -c 'import torch; print("torch", torch.__version__)'
 
-    say "[$name] a3c train configs/cartpole.yaml, $STEPS steps, then a3c eval"
-    (cd "$cwd" && "$env/bin/a3c" train "$repo/configs/cartpole.yaml" "total_timesteps=$STEPS" \
+    say "[$name] a3c train cartpole, $STEPS steps, then a3c eval"
+    (cd "$cwd" && "$env/bin/a3c" train cartpole "total_timesteps=$STEPS" \
         "logging.run_root=$work/runs-$name" logging.progress=false checkpoint.interval_s=0)
     local run_dir
     run_dir=$(echo "$work/runs-$name"/cartpole-*)

@@ -12,7 +12,7 @@ import subprocess
 from importlib import metadata
 from pathlib import Path
 
-from a3c.signals import resend_if_lost
+from a3c.procs import resend_if_lost
 
 
 def machine(*packages: str) -> str:

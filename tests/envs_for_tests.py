@@ -51,6 +51,18 @@ class Corridor(PlainCorridor):
         self.render_mode = render_mode
 
 
+class OldApiCorridor(PlainCorridor):
+    """The corridor on gym's API before 0.26: reset returns the observation alone, step
+    returns (observation, reward, done, info)."""
+
+    def reset(self, *, seed=None, options=None):
+        return super().reset(seed=seed)[0]
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = super().step(action)
+        return obs, reward, terminated or truncated, info
+
+
 def make_corridor(length: int = 5) -> gym.Env:
     """A factory function, as A3C(config, env=...) and env.entry_point take."""
     return Corridor(length=length)

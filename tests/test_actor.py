@@ -11,10 +11,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.actor import EPISODE_DTYPE, SyncGate, fragment_dtype, run_actor, sync_rounds
+from a3c.actors.local import SyncGate, run_actor, sync_rounds
+from a3c.actors.loop import EPISODE_DTYPE, fragment_dtype
 from a3c.config import load_config
-from a3c.model import build_model
-from a3c.runner import COUNTERS, TIMERS
+from a3c.models import ActorCritic
+from a3c.trainer import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
 
 ENV_ID = "A3CTestCounter-v0"
@@ -64,7 +65,7 @@ class ActorRun:
                        "sync": sync},
             "learners": {"batch_size": min(queue_capacity, 4), "minibatches": 1},
         })
-        self.model = build_model(CounterEnv.observation_space, CounterEnv.action_space)
+        self.model = ActorCritic(CounterEnv.observation_space, CounterEnv.action_space)
         self.model.share_memory()
         self.fragments = ArrayQueue(queue_capacity,
                                     fragment_dtype(CounterEnv.observation_space, CounterEnv.action_space, T))
@@ -257,7 +258,7 @@ def assert_on_policy(cfg, counts, sink, runs=1):
 def test_synchronous_actors_act_each_batch_with_the_policy_its_update_starts_from(tmp_path):
     """Actor processes and a learner thread (assert_on_policy says what is checked)."""
     from a3c.metrics import MemorySink
-    from a3c.runner import Trainer
+    from a3c.trainer import Trainer
 
     cfg = load_config({**SYNC_RUN, "logging": {**SYNC_RUN["logging"], "run_root": str(tmp_path)}})
     sink = MemorySink()

@@ -9,9 +9,10 @@ import torch
 from a3c import A3C
 from a3c.api import evaluate
 from a3c.checkpoint import CheckpointError
-from a3c.config import ConfigError, config_here
+from a3c.checkpoint import config_here
+from a3c.config import ConfigError
 from a3c.metrics import MemorySink
-from a3c.runner import Trainer
+from a3c.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "configs" / "cartpole.yaml"

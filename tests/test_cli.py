@@ -22,12 +22,12 @@ import torch
 import yaml
 
 from a3c import A3C as Agent
-from a3c import cli, runner
+from a3c import cli, trainer as training
 from a3c.checkpoint import CheckpointError
 from a3c.config import load_config
 from a3c.files import write_atomically
 from a3c.metrics import MemorySink
-from a3c.runner import Trainer
+from a3c.trainer import Trainer
 from replay import SharedMemoryFull
 
 from conftest import (A3C_CLI, assert_one_line_error, descendants, fail_to_start, own_process_group, own_segments,
@@ -275,10 +275,10 @@ def test_a_resume_interrupted_before_it_learns_names_its_last_checkpoint(trained
     def interrupted(*_):  # Ctrl-C after the actors started, before the learners
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner, "start_learners", interrupted)
+    monkeypatch.setattr(training, "start_learners", interrupted)
     monkeypatch.setattr(cli, "stop_on_sigterm", lambda: None)  # this process's handlers stay as they are
     with pytest.raises(SystemExit) as stopped:
-        cli.main(["train", "--resume", str(run_dir)])
+        cli.main(["train", "--resume", str(run_dir), "total_timesteps=6000"])  # the run had trained 3000
     assert stopped.value.code == 130
     assert f"interrupted; no final checkpoint; {run_dir / 'checkpoint.pt'} is the last one written" in \
         capsys.readouterr().err
@@ -464,7 +464,7 @@ def test_a_run_that_fails_while_starting_releases_what_it_made_and_writes_no_che
     def no_space(*_):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(runner, "step_queue", no_space)
+    monkeypatch.setattr(training, "step_queue", no_space)
     with pytest.raises(OSError, match="No space left"):
         trainer.train()
     assert trainer.fragments.closed and trainer.episodes.closed and trainer.replay is not None
@@ -477,7 +477,7 @@ def test_a_full_dev_shm_is_a_one_line_error_naming_what_to_shrink(tmp_path, monk
     def no_space(*_):
         raise SharedMemoryFull(errno.ENOSPC, "/dev/shm has no room for 1,000 bytes of shared memory")
 
-    monkeypatch.setattr(runner, "step_queue", no_space)
+    monkeypatch.setattr(training, "step_queue", no_space)
     monkeypatch.setattr(cli, "stop_on_sigterm", lambda: None)
     with pytest.raises(SystemExit) as stopped:
         cli.main(["train", str(CONFIG), *TINY, f"logging.run_root={tmp_path}"])
@@ -543,3 +543,38 @@ def test_a_killed_actor_process_is_restarted_and_the_run_finishes(tmp_path):
     assert sink.scalars["perf/actor_restarts"][-1][1] >= 1
     assert not running(killed)
     assert not [p for p in mp.active_children() if p.name.startswith("a3c-actor-")]
+
+
+# ----------------------------------------------------------------------- one pipeline, two doors
+def test_the_command_line_and_the_api_resolve_the_same_config_from_the_same_input(tmp_path):
+    overrides = [*TINY, "total_timesteps=2000", "optim.lr=0.0003", "env.id=Acrobot-v1",
+                 f"logging.run_root={tmp_path}"]
+    printed = a3c("config", "cartpole", *overrides)
+    assert printed.returncode == 0, printed.stderr
+    (tmp_path / "printed.yaml").write_text(printed.stdout)
+    keywords = {key.replace(".", "__"): yaml.safe_load(value) for key, _, value in
+                (text.partition("=") for text in overrides)}
+    agent = Agent("cartpole", **keywords)
+    assert load_config(tmp_path / "printed.yaml") == agent.config
+    assert agent.config.name == "Acrobot-v1"  # named after the environment it trains on
+    result = a3c("train", "cartpole", *overrides)
+    assert result.returncode == 0, result.stderr
+    assert load_config(the_run_dir(tmp_path) / "config.yaml") == agent.config
+
+
+def test_a_run_that_spent_its_budget_says_so_and_how_to_extend_it(trained, tmp_path):
+    run_dir = copy_of(trained[1], tmp_path)
+    result = a3c("train", "--resume", run_dir)
+    assert_one_config_problem(result, "total_timesteps: the run has trained", "so its budget is spent",
+                              f"a3c train --resume {run_dir} total_timesteps=6000")
+
+
+def test_the_end_of_a_run_says_why_it_stopped_with_enough_digits(tmp_path):
+    result = train(tmp_path, "total_timesteps=2000")
+    assert result.returncode == 0, result.stderr
+    assert "(trained its total_timesteps)" in result.stdout
+    result = train(tmp_path, "total_timesteps=200000", "target_return=9.5")
+    assert result.returncode == 0, result.stderr
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("done:")]
+    assert line.endswith("(reached target_return 9.5)")
+    assert int(line.split()[1]) < 200000

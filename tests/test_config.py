@@ -1,4 +1,5 @@
-"""Config layer: YAML loading, overrides, validation messages, saving and reporting."""
+"""Config layer: YAML loading, overrides, validation messages, saving and reporting; and the
+pre-flight checks of what a config names outside itself (a3c.envs.preflight)."""
 import importlib.util
 import sys
 from pathlib import Path
@@ -6,16 +7,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from a3c.config import (Config, ConfigError, apply_overrides, config_table, config_to_dict, field_help,
-                        load_config, save_config)
+from a3c.config import (Config, ConfigError, apply_overrides, config_table, config_to_dict, field_help, load_config,
+                        save_config)
+from a3c.envs.preflight import preflight
 
 CONFIGS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
 HAS_ALE = importlib.util.find_spec("ale_py") is not None
 
 
 def problems(source, overrides=()):
+    """The problems of a config, its own or those of what it names, as a run finds them."""
     with pytest.raises(ConfigError) as info:
-        load_config(source, overrides)
+        preflight(load_config(source, overrides))
     return info.value.problems
 
 
@@ -23,19 +26,27 @@ def test_configs_folder_holds_the_expected_configs():
     assert {p.stem for p in CONFIGS} >= {"cartpole", "acrobot", "pendulum", "pong"}
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
-def test_every_shipped_config_loads_and_validates(path):
-    raw = yaml.safe_load(path.read_text())
-    if raw["env"]["id"].startswith("ALE/") and not HAS_ALE:
-        pytest.importorskip("ale_py", reason="the ALE environment check needs ale-py")
-    cfg = load_config(path)
-    assert cfg.name == path.stem
-    def leaves(d, prefix=""):
-        return {k for key, v in d.items()
-                for k in (leaves(v, f"{prefix}{key}.") if isinstance(v, dict) and key != "kwargs"
-                          else {prefix + key})}
+def leaves(d, prefix=""):
+    """{dotted key: value} of every field a config dict sets (kwargs and wrappers as values)."""
+    return {k: x for key, v in d.items()
+            for k, x in (leaves(v, f"{prefix}{key}.").items() if isinstance(v, dict) and key != "kwargs"
+                         else {prefix + key: v}.items())}
 
-    assert leaves(config_to_dict(cfg)) == leaves(raw)  # every field is written out
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.stem)
+def test_every_shipped_config_loads_differs_from_the_defaults_only_where_it_says_and_names_its_threshold(path):
+    raw = yaml.safe_load(path.read_text())
+    cfg = load_config(path.stem)  # by name, as a user names it
+    assert cfg == load_config(path) and cfg.name == path.stem
+    assert cfg.solved_return is not None and raw["solved_return"] == cfg.solved_return
+    resolved, default = leaves(config_to_dict(cfg)), leaves(config_to_dict(Config()))
+    differ = {key for key in resolved if resolved[key] != default[key]}
+    assert differ == set(leaves(raw))  # each field it writes changes a default, and only those change
+    if cfg.env.id.startswith("ALE/") and not HAS_ALE:
+        pytest.importorskip("ale_py", reason="the ALE environment check needs ale-py")
+    if any(name in cfg.env.imports or cfg.env.id.startswith(name) for name in ("minatar", "MinAtar")):
+        pytest.importorskip("minatar", reason="the MinAtar environment check needs minatar")
+    preflight(cfg)
 
 
 def test_an_empty_dict_gives_the_defaults():
@@ -207,7 +218,7 @@ def test_synchronous_actors_need_one_learner_and_no_replay_with_the_fix():
     ({"minibatch_split": "steps"}, "minibatch_split: steps needs a feedforward model.*split by fragments"),
     ({"bound_coef": 0.1}, "bound_coef: 0.1 needs a feedforward model.*recurrent; set it to 0")])
 def test_settings_for_feedforward_models_are_refused_for_a_users_recurrent_model_with_the_fix(learners, message):
-    from a3c.runner import build_default_model, check_learner_settings
+    from a3c.trainer import build_default_model, check_learner_settings
 
     recurrent = build_default_model(load_config({"env": {"id": "Pendulum-v1"}, "model": {"lstm": 16}}))
     with pytest.raises(ConfigError, match=message):
@@ -215,7 +226,7 @@ def test_settings_for_feedforward_models_are_refused_for_a_users_recurrent_model
 
 
 def test_bound_coef_for_discrete_actions_is_refused_with_the_fix():
-    from a3c.runner import build_default_model, check_learner_settings
+    from a3c.trainer import build_default_model, check_learner_settings
 
     cfg = load_config({"learners": {"bound_coef": 0.1}})  # CartPole: Discrete(2)
     with pytest.raises(ConfigError, match="learners.bound_coef.*Discrete.*set it to 0"):
@@ -273,3 +284,38 @@ def test_field_help_covers_every_leaf_with_one_line():
     helps = field_help()
     assert list(helps) == list(leaves(config_to_dict(Config())))
     assert all(h and "\n" not in h for h in helps.values())
+
+
+def test_the_configuration_reference_is_generated_from_the_schema_and_not_stale():
+    from a3c.config.reference import reference
+
+    path = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
+    assert path.read_text() == reference(), \
+        "docs/configuration.md is stale: python -m a3c.config.reference > docs/configuration.md"
+
+
+def test_a_config_prints_resolved_with_each_fields_help_and_reads_back_as_the_same_config(tmp_path):
+    from a3c.config import describe
+    from a3c.config.schema import leaves as fields
+
+    cfg = load_config("acrobot", ["optim.lr=3e-4"])
+    text = describe(cfg)
+    for key, field, _ in fields():
+        assert f"# {field.metadata['help']}\n" in text, key
+    path = tmp_path / "printed.yaml"
+    path.write_text(text)
+    assert load_config(path) == cfg
+
+
+def test_a_shipped_config_is_found_by_name_wherever_the_user_stands(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert load_config("acrobot").env.id == "Acrobot-v1"
+    (p,) = problems("acrobat")
+    assert p.startswith("'acrobat' is neither a shipped config nor a file; shipped configs: acrobot, cartpole")
+
+
+def test_a_run_whose_environment_is_overridden_is_named_after_it():
+    assert load_config("cartpole", ["env.id=Acrobot-v1"]).name == "Acrobot-v1"
+    assert load_config("cartpole", ["env.id=my_envs:Corridor-v0"]).name == "Corridor-v0"
+    assert load_config("cartpole", ["env.id=ALE/Pong-v5", "name=mine"]).name == "mine"
+    assert load_config("cartpole", ["optim.lr=1e-3"]).name == "cartpole"

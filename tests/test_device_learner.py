@@ -17,12 +17,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.actor import fragment_dtype
+from a3c.actors.loop import fragment_dtype
 from a3c.config import ConfigError, load_config
-from a3c.learner import Batch, DeviceCopy, Updater, _records, batch_from_fragments, step_queue
-from a3c.model import build_model
-from a3c.optim import build_optimizer
-from a3c.runner import COUNTERS, TIMERS
+from a3c.learners.batch import Batch, batch_from_fragments
+from a3c.learners.source import _records
+from a3c.learners.updater import Updater, step_queue
+from a3c.learners.workers import DeviceCopy
+from a3c.models import ActorCritic
+from a3c.learners.optim import build_optimizer
+from a3c.trainer import COUNTERS, TIMERS
 from replay import Counters
 
 OBS, ACTIONS, T, B = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2), 4, 4
@@ -99,7 +102,7 @@ def batches(n, seed=0, reward=None):
 
 def tiny_model():
     torch.manual_seed(0)
-    return build_model(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
+    return ActorCritic(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
 
 
 class Run:
@@ -272,7 +275,7 @@ def test_a_checkpoint_holds_the_proximal_average_the_device_learners_moved(tmp_p
     """The average of learners.proximal_decay lives beside the device copy, where the
     learners move it; a checkpoint reads it back from there, as it reads the weights."""
     from a3c.checkpoint import load_checkpoint
-    from a3c.runner import Trainer
+    from a3c.trainer import Trainer
     cfg = load_config(ROOT / "configs" / "cartpole.yaml", {"learners.proximal_decay": 0.9})
     trainer = Trainer(cfg, tmp_path)
     try:

@@ -25,8 +25,9 @@ from a3c.api import evaluate
 from a3c.checkpoint import CheckpointError
 from a3c.config import ConfigError, load_config
 from a3c.envs import EnvError, make_env
+from a3c.envs.preflight import preflight
 from a3c.metrics import MemorySink
-from a3c.runner import Trainer
+from a3c.trainer import Trainer
 from conftest import A3C_CLI
 from envs_for_tests import PLAIN_ID, REGISTERED_ID, Corridor, PlainCorridor, Scale, make_corridor
 
@@ -93,7 +94,7 @@ def package_with_a_hook(tmp_path, monkeypatch):
     for name in [m for m in sys.modules if m.partition(".")[0] == "hooked_envs"]:
         del sys.modules[name]
     gym.envs.registry.pop("Hooked/Corridor-v0", None)
-    from a3c import envs
+    from a3c.envs import sources as envs
 
     envs._HOOKS_RUN.discard("hooked_envs.registration:register_envs")
 
@@ -113,7 +114,7 @@ def test_module_colon_env_id_imports_the_module_that_registers_the_id(not_yet_im
 
 def test_an_id_registered_on_import_is_found_once_its_module_is_in_env_imports(not_yet_imported):
     with pytest.raises(ConfigError) as caught:
-        load_config({"env": {"id": ON_IMPORT_ID}})
+        preflight(load_config({"env": {"id": ON_IMPORT_ID}}))
     (problem,) = caught.value.problems
     assert problem.startswith(f"env.id: {ON_IMPORT_ID!r} is not a registered gymnasium environment")
     assert problem.endswith("a package that registers it on import goes in env.imports")
@@ -124,9 +125,10 @@ def test_an_id_registered_on_import_is_found_once_its_module_is_in_env_imports(n
 
 def test_env_imports_runs_the_gymnasium_envs_hook_of_the_package_it_imports(package_with_a_hook):
     with pytest.raises(ConfigError, match="is not a registered gymnasium environment"):
-        load_config({"env": {"id": package_with_a_hook}})
+        preflight(load_config({"env": {"id": package_with_a_hook}}))
     cfg = load_config({"env": {"id": package_with_a_hook, "imports": ["hooked_envs"]}})
-    cfg = load_config({"env": {"id": package_with_a_hook, "imports": ["hooked_envs"]}})  # the hook runs once
+    preflight(cfg)
+    preflight(cfg)  # the hook runs once
     assert make_env(cfg.env).spec.id == package_with_a_hook
 
 
@@ -223,10 +225,22 @@ def test_an_environment_without_render_mode_trains_evaluates_and_says_why_it_has
     assert not (tmp_path / "plain.mp4").exists()
 
 
+def test_an_environment_on_the_old_gym_api_is_one_line_before_any_run_folder(tmp_path):
+    result = a3c("train", "cartpole", "env.entry_point=envs_for_tests:OldApiCorridor", "env.max_episode_steps=10",
+                 f"logging.run_root={tmp_path / 'runs'}")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("error: env.id 'OldApiCorridor': reset() returned a ndarray, where gymnasium's API "
+                           "returns (observation, info)")
+    assert "GymV21CompatibilityV0" in line
+    assert not (tmp_path / "runs").exists()
+
+
 # ---------------------------------------------------------------------------- what cannot be found
 def test_modules_that_cannot_be_imported_are_reported_together_each_naming_the_fix():
     with pytest.raises(ConfigError) as caught:
-        load_config({"env": {"id": "no_such_env_package:Foo-v0", "imports": ["no_such_env_package", "a b"]}})
+        preflight(load_config({"env": {"id": "no_such_env_package:Foo-v0",
+                                       "imports": ["no_such_env_package", "a b"]}}))
     assert caught.value.problems == [
         "env.imports[0]: module 'no_such_env_package' cannot be imported: no module named "
         "'no_such_env_package'; is it installed? pip install no_such_env_package (or the package that "
@@ -236,8 +250,8 @@ def test_modules_that_cannot_be_imported_are_reported_together_each_naming_the_f
         "is it installed? pip install no_such_env_package (or the package that provides it), or fix the name",
     ]
     with pytest.raises(ConfigError) as caught:
-        load_config({"env": {"entry_point": "envs_for_tests:Coridor",
-                             "wrappers": ["gymnasium.wrappers.FlattenObservation", {"envs_for_tests:Scale": 10}]}})
+        preflight(load_config({"env": {"entry_point": "envs_for_tests:Coridor", "wrappers": [
+            "gymnasium.wrappers.FlattenObservation", {"envs_for_tests:Scale": 10}]}}))
     assert caught.value.problems == [
         "env.entry_point: envs_for_tests has no attribute 'Coridor'; did you mean 'Corridor'?",
         "env.wrappers[0]: 'gymnasium.wrappers.FlattenObservation' is not of the form module:name; "
@@ -391,6 +405,7 @@ def test_minatar_registers_through_env_imports():
 
 
 # ---------------------------------------------------------------------------------------- learning
+@pytest.mark.learning
 def test_a_corridor_defined_only_in_the_tests_learns_through_its_entry_point(tmp_path):
     """Length 8 within 16 steps: a random walk reaches the end in one episode of eight; the
     last 100 episodes of a learned policy almost all do. About 3 s on 2 cores."""

@@ -70,6 +70,7 @@ def test_ctrl_c_leaves_no_process_or_shared_memory():
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_learns_cartpole_400_within_200k_steps(seed):
     start = time.perf_counter()

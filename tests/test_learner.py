@@ -14,15 +14,17 @@ import torch.nn as nn
 from gymnasium import spaces
 from torch.distributions import Categorical
 
-from a3c import learner
-from a3c.actor import fragment_dtype
+from a3c.learners import updater as learner
+from a3c.actors.loop import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import (STEP_DTYPE, Batch, BatchSource, Updater, approx_kl, batch_from_fragments,
-                         batch_targets, compute_loss, evaluate_batch, mean_excess, replay_buffer, run_learner,
-                         step_minibatches, step_queue, vtrace_returns, _explained_variance)
-from a3c.model import build_model
-from a3c.optim import SharedAdam, SharedRMSprop, build_optimizer
-from a3c.runner import COUNTERS, TIMERS
+from a3c.learners.batch import Batch, batch_from_fragments
+from a3c.learners.loss import (approx_kl, batch_targets, compute_loss, evaluate_batch, mean_excess, step_minibatches, vtrace_returns, _explained_variance)
+from a3c.learners.source import BatchSource, replay_buffer
+from a3c.learners.updater import STEP_DTYPE, Updater, step_queue
+from a3c.learners.workers import run_learner
+from a3c.models import ActorCritic
+from a3c.learners.optim import SharedAdam, SharedRMSprop, build_optimizer
+from a3c.trainer import COUNTERS, TIMERS
 from replay import ArrayQueue, Counters
 
 OBS_SPACE = spaces.Box(-np.inf, np.inf, (1,), np.float32)
@@ -221,7 +223,7 @@ def test_proximal_clip_is_centred_on_the_proximal_policy_and_weighted_by_its_cap
 
 
 def test_proximal_policy_averages_the_models_weights_and_reads_its_statistics_as_they_are_now():
-    model = build_model(OBS_SPACE, ACTION_SPACE, hidden_sizes=(4,), normalize_obs=True)
+    model = ActorCritic(OBS_SPACE, ACTION_SPACE, hidden_sizes=(4,), normalize_obs=True)
     proximal = learner.ProximalPolicy(model, 0.9)
     before = [p.detach().clone() for p in model.parameters()]
     with torch.no_grad():
@@ -505,7 +507,7 @@ BOX = spaces.Box(np.array([-1.0, 0.0, -np.inf], np.float32), np.array([1.0, 4.0,
 
 def gaussian(mean, state_dependent_std=False):
     """A Gaussian policy on BOX whose mean is `mean` in every state, with a gradient."""
-    model = build_model(OBS_SPACE, BOX, state_dependent_std=state_dependent_std)
+    model = ActorCritic(OBS_SPACE, BOX, state_dependent_std=state_dependent_std)
     with torch.no_grad():
         model.policy_head.weight.zero_()
         model.policy_head.bias[:3] = torch.tensor(mean)
@@ -938,7 +940,7 @@ def test_policy_lag_is_the_learners_version_minus_the_version_that_acted_each_st
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the learner's error
 def test_a_learner_that_dies_stops_the_run_with_an_error_instead_of_hanging(tmp_path):
     from a3c.metrics import MemorySink
-    from a3c.runner import Trainer, build_default_model
+    from a3c.trainer import Trainer, build_default_model
 
     cfg = load_config({"actors": {"mode": "thread", "num": 1, "envs_per_actor": 2, "unroll_length": 5,
                                   "queue_capacity": 16},
@@ -982,7 +984,7 @@ def test_an_idle_learner_replays_up_to_the_replay_ratio_and_no_further(harnesses
 
 
 def test_a_learner_counts_the_fresh_batches_it_trained_on_and_not_the_replayed_ones(harnesses):
-    """Synchronous actors wait for this count (a3c.actor.SyncGate)."""
+    """Synchronous actors wait for this count (a3c.actors.local.SyncGate)."""
     B, fresh = 4, 8
     h = harnesses(load_config({**REPLAY_BASE, "replay": {"ratio": 2.0, "window": 16}}), FixedModel())
     h.put(fresh)

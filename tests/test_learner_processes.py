@@ -14,13 +14,15 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.actor import fragment_dtype
+from a3c.actors.loop import fragment_dtype
 from a3c.config import load_config
-from a3c.learner import Updater, batch_from_fragments, start_learners, step_queue
-from a3c.model import build_model
-from a3c.optim import SharedAdam
-from a3c import runner
-from a3c.runner import COUNTERS, TIMERS, Trainer
+from a3c.learners.batch import batch_from_fragments
+from a3c.learners.updater import Updater, step_queue
+from a3c.learners.workers import start_learners
+from a3c.models import ActorCritic
+from a3c.learners.optim import SharedAdam
+from a3c import procs
+from a3c.trainer import COUNTERS, TIMERS, Trainer
 from replay import ArrayQueue, Counters
 
 from conftest import descendants, fail_to_start, running
@@ -47,7 +49,7 @@ def batches(n, seed=0):
 
 def tiny_model():
     torch.manual_seed(0)  # the same weights in the reference and the shared model
-    return build_model(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
+    return ActorCritic(OBS, ACTIONS, hidden_sizes=(8,), normalize_obs=True, normalize_value=True)
 
 
 class Learners:
@@ -132,7 +134,7 @@ def test_a_learner_process_that_fails_to_start_leaves_none_started_before_it_run
 
 # Where an accelerator is visible, a forked child cannot run a backward pass once this
 # process has run one (autograd's device threads), and runs take the fork server there.
-ACCELERATOR = runner._accelerator_visible()
+ACCELERATOR = procs._accelerator_visible()
 FORK = pytest.param("fork", marks=pytest.mark.skipif(ACCELERATOR, reason="runs do not fork learners here"))
 
 
@@ -162,7 +164,7 @@ def test_learner_processes_updating_at_once_all_write_the_shared_state(learners)
     process that stepped a copy of its own would leave half of them out), every fresh
     observation counts in the shared normalizer (its updates take the processes' common
     lock), and every step's report reaches the monitor's queue."""
-    h = learners(runner._learner_context())
+    h = learners(procs.learner_context())
     data = batches(24, seed=1)
     for batch in data:
         h.fragments.put_many(batch)
@@ -215,7 +217,7 @@ def test_learner_processes_train_after_this_process_ran_a_backward_pass(tmp_path
 
 
 def test_learner_processes_come_from_the_fork_server_where_an_accelerator_is_visible(monkeypatch, tmp_path):
-    monkeypatch.setattr(runner, "_accelerator_visible", lambda: True)
+    monkeypatch.setattr(procs, "_accelerator_visible", lambda: True)
     trainer = Trainer(run_config(tmp_path, total_timesteps=2000), tmp_path / "run")
     assert trainer.train()["updates"] > 0
     assert all(isinstance(worker, mp.context.ForkServerProcess) for worker in trainer.learners.workers)
@@ -225,7 +227,7 @@ def test_learner_processes_come_from_the_fork_server_where_an_accelerator_is_vis
 def test_learner_processes_move_the_runs_one_proximal_average_in_shared_memory(monkeypatch, tmp_path, fork_server):
     """learners.proximal_decay: the processes move the trainer's average, not copies of
     it, whether forked or started by the fork server (which pickles their arguments)."""
-    monkeypatch.setattr(runner, "_accelerator_visible", lambda: fork_server)
+    monkeypatch.setattr(procs, "_accelerator_visible", lambda: fork_server)
     cfg = run_config(tmp_path, total_timesteps=2000)
     cfg.learners.proximal_decay = 0.9
     trainer = Trainer(cfg, tmp_path / "run")

@@ -1,6 +1,6 @@
 """LunarLander-v3 through configs/lunarlander.yaml, SB3 PPO's recipe for it as this trainer
 runs it, with the clip centred on an average of the policy: the config is the setting
-whose runs docs/benchmarks.md reports, and a short run goes through actors, learner,
+whose runs docs/results.md reports, and a short run goes through actors, learner,
 checkpoint and evaluation (default suite); at its constant rate the config lands and
 keeps landing to the end of its budget (slow: python -m pytest -m slow
 tests/test_lunarlander.py)."""
@@ -33,10 +33,12 @@ def test_the_config_is_the_setting_the_benchmark_measured(monkeypatch):
     changes = {key.replace("__", "."): value for key, value in VARIANTS[MEASURED].items()}
     measured = config_to_dict(load_config({"env": {"id": "LunarLander-v3"}}, changes))
     shipped = config_to_dict(load_config(CONFIG))
-    # The run's name, and its budget: at a constant rate a shorter run is the first part of
-    # a longer one, and the benchmark's runs went up to 20 M steps.
+    # The run's name, its threshold (a bar runs are judged by, not a setting), and its
+    # budget: at a constant rate a shorter run is the first part of a longer one, and the
+    # benchmark's runs went up to 20 M steps.
     assert shipped.pop("total_timesteps") <= 3_000_000
     del measured["total_timesteps"], measured["name"], shipped["name"]
+    del measured["solved_return"], shipped["solved_return"]
     assert shipped == measured
 
 
@@ -60,6 +62,7 @@ def test_a_short_run_trains_checkpoints_and_evaluates(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.learning
 @needs_box2d
 @pytest.mark.usefixtures("stop_the_fork_server")
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -69,9 +72,10 @@ def test_the_config_lands_and_keeps_landing_to_the_end_of_its_budget(seed, tmp_p
     sink = MemorySink()
     agent = A3C(str(CONFIG), seed=seed, logging__run_root=str(tmp_path), logging__progress=False,
                 checkpoint__interval_s=0).learn(sink=sink)
-    held = hold(sink.scalars.get("charts/episodic_return", []), 200)
-    assert held is not None, f"seed {seed}: never reached 200 in {agent.num_timesteps} env steps"
+    solved = agent.config.solved_return  # 200
+    held = hold(sink.scalars.get("charts/episodic_return", []), solved)
+    assert held is not None, f"seed {seed}: never reached {solved} in {agent.num_timesteps} env steps"
     print(f"\nlunarlander seed {seed}, {agent.num_timesteps} env steps: {held}")
     assert held.lowest >= 190, \
         f"seed {seed}: fell to a last-{WINDOW} mean of {held.lowest:.1f} at step {held.lowest_at}"
-    assert held.final >= 200, f"seed {seed}: ended at {held.final:.1f}"
+    assert held.final >= solved, f"seed {seed}: ended at {held.final:.1f}"

@@ -1,4 +1,4 @@
-"""Tests of the actor-critic networks in a3c.model."""
+"""Tests of the actor-critic networks in a3c.models."""
 
 import math
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.model import ActorCritic, build_model
+from a3c.models import ActorCritic
 
 N = 5
 
@@ -31,7 +31,7 @@ def seeded():
 
 @SPACES
 def test_forward_act_evaluate_shapes(obs_space, action_space):
-    model = build_model(obs_space, action_space)
+    model = ActorCritic(obs_space, action_space)
     assert isinstance(model, ActorCritic)
     obs = batch(obs_space)
     discrete = isinstance(action_space, spaces.Discrete)
@@ -51,7 +51,7 @@ def test_forward_act_evaluate_shapes(obs_space, action_space):
 
 
 def test_properties_describe_the_action_space():
-    discrete, continuous = build_model(*CARTPOLE), build_model(*PENDULUM)
+    discrete, continuous = ActorCritic(*CARTPOLE), ActorCritic(*PENDULUM)
     assert not discrete.is_continuous and discrete.action_shape == ()
     assert discrete.action_dtype is np.int64
     assert continuous.is_continuous and continuous.action_shape == (1,)
@@ -61,14 +61,14 @@ def test_properties_describe_the_action_space():
 
 @pytest.mark.parametrize("cnn, uses_cnn", [(None, True), (False, False)])
 def test_cnn_torso_is_chosen_for_images(cnn, uses_cnn):
-    model = build_model(*ATARI, cnn=cnn)
+    model = ActorCritic(*ATARI, cnn=cnn)
     assert model.uses_cnn is uses_cnn
     assert any(isinstance(m, torch.nn.Conv2d) for m in model.modules()) is uses_cnn
-    assert not build_model(*CARTPOLE).uses_cnn
+    assert not ActorCritic(*CARTPOLE).uses_cnn
 
 
 def test_height_width_channel_images_are_read_as_channels_first():
-    model = build_model(*CARRACING)
+    model = ActorCritic(*CARRACING)
     assert model.uses_cnn
     assert model.torso[0][0].in_channels == 3
     obs = batch(CARRACING[0])  # [N, 96, 96, 3]
@@ -79,14 +79,14 @@ def test_height_width_channel_images_are_read_as_channels_first():
 
 def test_an_image_too_small_for_the_nature_cnn_says_how_small_and_what_to_set():
     with pytest.raises(ValueError, match=r"at least 36x36; set model.cnn_arch to auto"):
-        build_model(spaces.Box(0, 255, (3, 20, 20), np.uint8), spaces.Discrete(2), cnn_arch="nature")
+        ActorCritic(spaces.Box(0, 255, (3, 20, 20), np.uint8), spaces.Discrete(2), cnn_arch="nature")
     with pytest.raises(ValueError, match=r"at least 3x3"):
-        build_model(spaces.Box(0, 255, (2, 2, 3), np.uint8), spaces.Discrete(2))
+        ActorCritic(spaces.Box(0, 255, (2, 2, 3), np.uint8), spaces.Discrete(2))
 
 
 @SPACES
 def test_sampled_log_prob_matches_evaluate(obs_space, action_space):
-    model = build_model(obs_space, action_space)
+    model = ActorCritic(obs_space, action_space)
     obs = batch(obs_space)
     action, log_prob, value = model.act(obs)
     eval_log_prob, _, eval_value = model.evaluate(obs, action)
@@ -96,7 +96,7 @@ def test_sampled_log_prob_matches_evaluate(obs_space, action_space):
 
 @SPACES
 def test_deterministic_act_is_mode(obs_space, action_space):
-    model = build_model(obs_space, action_space)
+    model = ActorCritic(obs_space, action_space)
     obs = batch(obs_space)
     action, _, _ = model.act(obs, deterministic=True)
     params, _ = model(obs)
@@ -127,7 +127,7 @@ def test_discrete_log_prob_and_entropy_are_torchs_with_their_gradients(action_sp
     (reference_log_prob_and_entropy, in float64 on the same logits), from near-uniform
     policies to near-certain ones, to float32 rounding: 1e-6 of the logits' size."""
     obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
-    model = build_model(obs_space, action_space)
+    model = ActorCritic(obs_space, action_space)
     with torch.no_grad():  # logits of about `scale` times 8
         model.policy_head.weight.normal_(0.0, scale)
         model.policy_head.bias.normal_(0.0, scale)
@@ -156,7 +156,7 @@ def test_discrete_log_prob_and_entropy_are_torchs_with_their_gradients(action_sp
 
 def test_gaussian_log_prob_and_entropy_sum_over_action_dims():
     obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
-    model = build_model(obs_space, spaces.Box(-2.0, 2.0, (4,), np.float32))
+    model = ActorCritic(obs_space, spaces.Box(-2.0, 2.0, (4,), np.float32))
     with torch.no_grad():
         model.log_std.copy_(torch.tensor([-1.0, 0.0, 0.5, 1.0]))
     obs = batch(obs_space)
@@ -171,7 +171,7 @@ def test_gaussian_log_prob_and_entropy_sum_over_action_dims():
 
 def test_state_dependent_std_is_read_from_the_head_next_to_the_mean():
     obs_space = spaces.Box(-1.0, 1.0, (3,), np.float32)
-    model = build_model(obs_space, spaces.Box(-2.0, 2.0, (2,), np.float32), state_dependent_std=True)
+    model = ActorCritic(obs_space, spaces.Box(-2.0, 2.0, (2,), np.float32), state_dependent_std=True)
     assert not hasattr(model, "log_std")
     with torch.no_grad():  # log-stds that vary with the state, one beyond the clamp
         model.policy_head.weight[2:].normal_()
@@ -193,12 +193,12 @@ def test_state_dependent_std_is_read_from_the_head_next_to_the_mean():
 
 
 def test_state_dependent_std_leaves_discrete_policies_alone():
-    model = build_model(*CARTPOLE, state_dependent_std=True)
+    model = ActorCritic(*CARTPOLE, state_dependent_std=True)
     assert model(batch(CARTPOLE[0]))[0].shape == (N, 2)
 
 
 def test_discrete_observations_are_one_hot_encoded():
-    model = build_model(spaces.Discrete(7), spaces.Discrete(3), hidden_sizes=())
+    model = ActorCritic(spaces.Discrete(7), spaces.Discrete(3), hidden_sizes=())
     obs = torch.tensor([0, 3, 6])
     expected = model.policy_head(torch.nn.functional.one_hot(obs, 7).float())
     torch.testing.assert_close(model(obs)[0], expected)
@@ -211,22 +211,22 @@ def test_discrete_observations_are_one_hot_encoded():
 ])
 def test_unsupported_spaces_raise_value_error_naming_the_space(obs_space, action_space, message):
     with pytest.raises(ValueError, match=message):
-        build_model(obs_space, action_space)
+        ActorCritic(obs_space, action_space)
 
 
 def test_forcing_cnn_on_flat_observations_raises_value_error():
     with pytest.raises(ValueError, match=r"rank-3 Box .* got Box"):
-        build_model(*CARTPOLE, cnn=True)
+        ActorCritic(*CARTPOLE, cnn=True)
 
 
 def test_unknown_activation_raises_value_error():
     with pytest.raises(ValueError, match="activation"):
-        build_model(*CARTPOLE, activation="gelu")
+        ActorCritic(*CARTPOLE, activation="gelu")
 
 
 
 def test_sampled_discrete_actions_follow_the_policy_probabilities():
-    model = build_model(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3))
+    model = ActorCritic(spaces.Box(-1, 1, (4,), np.float32), spaces.Discrete(3))
     with torch.no_grad():
         model.policy_head.bias.copy_(torch.tensor([0.0, 1.0, 2.0]))
     obs = torch.zeros(40_000, 4)
@@ -243,7 +243,7 @@ def test_sampled_discrete_actions_follow_the_policy_probabilities():
 def test_a_value_torso_of_its_own_keeps_value_errors_off_the_policys_features(obs_space):
     """shared_torso false: the value loss moves only the value torso and head, the policy
     loss only the policy torso, head and log-std."""
-    model = build_model(obs_space, spaces.Box(-1, 1, (2,), np.float32), shared_torso=False)
+    model = ActorCritic(obs_space, spaces.Box(-1, 1, (2,), np.float32), shared_torso=False)
     obs = {k: torch.as_tensor(np.stack([s.sample() for _ in range(6)])) for k, s in obs_space.items()} \
         if isinstance(obs_space, spaces.Dict) else torch.randn(6, 5)
     params, value = model(obs)
@@ -258,7 +258,7 @@ def test_a_value_torso_of_its_own_keeps_value_errors_off_the_policys_features(ob
 
 @pytest.mark.parametrize("state_dependent_std", [False, True])
 def test_log_std_init_is_the_gaussian_policys_starting_log_std(state_dependent_std):
-    model = build_model(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (3,), np.float32),
+    model = ActorCritic(spaces.Box(-1, 1, (4,), np.float32), spaces.Box(-1, 1, (3,), np.float32),
                         state_dependent_std=state_dependent_std, log_std_init=-1.5)
     std = model.dist(model(torch.zeros(2, 4))[0]).base_dist.scale
     torch.testing.assert_close(std, torch.full((2, 3), math.exp(-1.5)))
@@ -269,7 +269,7 @@ def test_log_std_init_is_the_gaussian_policys_starting_log_std(state_dependent_s
 def test_layer_norm_gives_every_hidden_layer_of_both_torsos_zero_mean_unit_variance_inputs(obs_space):
     """Each activation of the policy's and the value's torso gets its layer's pre-activations
     normalized over the layer's units, per sample (LayerNorm starts as the identity affine)."""
-    model = build_model(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu",
+    model = ActorCritic(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu",
                         shared_torso=False, layer_norm=True)
     seen = []
     for module in model.modules():
@@ -281,5 +281,5 @@ def test_layer_norm_gives_every_hidden_layer_of_both_torsos_zero_mean_unit_varia
     for h in seen:
         torch.testing.assert_close(h.mean(-1), torch.zeros(N), atol=1e-5, rtol=0)
         torch.testing.assert_close(h.var(-1, unbiased=False), torch.ones(N), atol=1e-3, rtol=0)
-    plain = build_model(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu", shared_torso=False)
+    plain = ActorCritic(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu", shared_torso=False)
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in plain.modules())

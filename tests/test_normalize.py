@@ -8,8 +8,8 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c.model import build_model
-from a3c.normalize import ObservationNorm, PopArt, merge_moments
+from a3c.models import ActorCritic
+from a3c.models.normalize import ObservationNorm, PopArt, merge_moments
 from waiting import wait_until
 
 
@@ -96,8 +96,9 @@ def test_popart_update_preserves_the_values_it_outputs():
 def test_value_targets_of_hundreds_weigh_like_unit_targets_in_the_loss():
     """With PopArt the value error is divided by the targets' std: the same relative
     error gives the same value loss at any scale of return."""
-    from a3c.learner import batch_from_fragments, compute_loss
-    from a3c.actor import fragment_dtype
+    from a3c.learners.batch import batch_from_fragments
+    from a3c.learners.loss import compute_loss
+    from a3c.actors.loop import fragment_dtype
     from a3c.config import load_config
 
     obs_space, action_space = spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)
@@ -105,7 +106,7 @@ def test_value_targets_of_hundreds_weigh_like_unit_targets_in_the_loss():
     losses = []
     for scale in (1.0, 300.0):
         torch.manual_seed(4)
-        model = build_model(obs_space, action_space, normalize_value=True)
+        model = ActorCritic(obs_space, action_space, normalize_value=True)
         torch.nn.init.zeros_(model.value_head.weight)  # every value is then linear in `scale`
         torch.nn.init.zeros_(model.value_head.bias)
         f = np.zeros(2, fragment_dtype(obs_space, action_space, 5))
@@ -121,15 +122,15 @@ def test_value_targets_of_hundreds_weigh_like_unit_targets_in_the_loss():
 
 def test_models_normalize_only_vector_observations():
     image = spaces.Box(0, 255, (4, 84, 84), np.uint8)
-    assert build_model(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2),
+    assert ActorCritic(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2),
                        normalize_obs=True).obs_norm is not None
-    assert build_model(image, spaces.Discrete(6), normalize_obs=True).obs_norm is None
-    assert build_model(spaces.Discrete(5), spaces.Discrete(2), normalize_obs=True).obs_norm is None
-    assert build_model(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)).popart is None
+    assert ActorCritic(image, spaces.Discrete(6), normalize_obs=True).obs_norm is None
+    assert ActorCritic(spaces.Discrete(5), spaces.Discrete(2), normalize_obs=True).obs_norm is None
+    assert ActorCritic(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2)).popart is None
 
 
 def test_normalizer_statistics_are_in_the_state_dict():
-    model = build_model(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2),
+    model = ActorCritic(spaces.Box(-1, 1, (3,), np.float32), spaces.Discrete(2),
                         normalize_obs=True, normalize_value=True)
     keys = set(model.state_dict())
     assert {"obs_norm.mean", "obs_norm.var", "obs_norm.count", "value_head.first",
@@ -139,15 +140,16 @@ def test_normalizer_statistics_are_in_the_state_dict():
 def test_learner_threads_of_one_model_update_its_statistics_one_at_a_time(monkeypatch):
     """run_learner takes the model's statistics lock however it is started: an update
     that pauses midway (as a thread switch could) never overlaps another learner's."""
-    from a3c.actor import fragment_dtype
+    from a3c.actors.loop import fragment_dtype
     from a3c.config import load_config
-    from a3c.learner import run_learner, step_queue
-    from a3c.optim import SharedAdam
-    from a3c.runner import COUNTERS, TIMERS
+    from a3c.learners.updater import step_queue
+    from a3c.learners.workers import run_learner
+    from a3c.learners.optim import SharedAdam
+    from a3c.trainer import COUNTERS, TIMERS
     from replay import ArrayQueue, Counters
 
     obs_space, action_space = spaces.Box(-1, 1, (2,), np.float32), spaces.Discrete(2)
-    model = build_model(obs_space, action_space, normalize_obs=True, normalize_value=True)
+    model = ActorCritic(obs_space, action_space, normalize_obs=True, normalize_value=True)
     model.share_memory()
     cfg = load_config({"learners": {"batch_size": 2, "epochs": 1, "minibatches": 1}})
     inside, overlaps, updates = [], [], []

@@ -1,5 +1,5 @@
 """Stop signals that land inside a hook of os.fork, where Python drops a handler's
-exception (a3c.signals): sent again, they stop the command line and the benchmarks."""
+exception (a3c.procs): sent again, they stop the command line and the benchmarks."""
 import signal
 import subprocess
 import sys

@@ -8,9 +8,9 @@ import torch
 from gymnasium import spaces
 from torch.distributions import Bernoulli, Categorical
 
-from a3c.model import ActorCritic, build_model, cnn_arch_for
-from a3c.spaces import (UnsupportedSpace, action_record, as_batch, leaves, obs_record, obs_to_torch,
-                        stack_obs, write_obs)
+from a3c.models import ActorCritic
+from a3c.models.torsos import cnn_arch_for
+from a3c.envs.spaces import (UnsupportedSpace, action_record, as_batch, leaves, obs_record, obs_to_torch, stack_obs, write_obs)
 
 DICT = spaces.Dict({
     "image": spaces.Box(0, 255, (12, 12, 3), np.uint8),
@@ -61,18 +61,18 @@ def test_each_action_space_has_a_record_dtype_and_shape(space, expected):
                                    spaces.Graph(spaces.Box(0, 1, (2,)), None)])
 def test_spaces_of_no_fixed_size_are_refused_in_one_line_naming_the_space(space):
     with pytest.raises(UnsupportedSpace, match=type(space).__name__) as error:
-        build_model(spaces.Dict({"ok": spaces.Discrete(2), "bad": space}), spaces.Discrete(2))
+        ActorCritic(spaces.Dict({"ok": spaces.Discrete(2), "bad": space}), spaces.Discrete(2))
     assert "\n" not in str(error.value) and "'bad'" in str(error.value)
 
 
 def test_an_unsupported_action_space_is_refused_in_one_line():
     with pytest.raises(UnsupportedSpace, match="action space") as error:
-        build_model(spaces.Box(-1, 1, (2,)), spaces.Box(-1, 1, (2, 2)))
+        ActorCritic(spaces.Box(-1, 1, (2,)), spaces.Box(-1, 1, (2, 2)))
     assert "\n" not in str(error.value)
 
 
 def test_a_dict_model_sends_each_image_through_a_cnn_and_the_rest_through_the_mlp():
-    model = build_model(DICT, spaces.Discrete(3), normalize_obs=True)
+    model = ActorCritic(DICT, spaces.Discrete(3), normalize_obs=True)
     assert model.uses_cnn and list(model.torso.cnns) == ["image"]
     assert list(model.obs_norm.paths) == ["pose.0"]  # the one vector Box leaf
     obs = obs_to_torch(stacked(DICT, sample_batch(DICT, 7)))
@@ -85,7 +85,7 @@ def test_a_dict_model_sends_each_image_through_a_cnn_and_the_rest_through_the_ml
 
 def test_a_tuple_observation_is_modelled_like_a_dict_of_its_positions():
     space = spaces.Tuple((spaces.Discrete(3), spaces.Box(-1, 1, (2,), np.float32)))
-    model = build_model(space, spaces.Discrete(2))
+    model = ActorCritic(space, spaces.Discrete(2))
     obs = obs_to_torch(stacked(space, sample_batch(space, 4)))
     assert set(obs) == {"0", "1"}
     action, logp, value = model.act(obs)
@@ -94,7 +94,7 @@ def test_a_tuple_observation_is_modelled_like_a_dict_of_its_positions():
 
 def test_multidiscrete_log_probs_and_entropy_are_sums_of_per_component_categoricals():
     space = spaces.MultiDiscrete([3, 2, 4])
-    model = build_model(spaces.Box(-1, 1, (5,), np.float32), space)
+    model = ActorCritic(spaces.Box(-1, 1, (5,), np.float32), space)
     torch.nn.init.normal_(model.policy_head.weight)  # not the near-uniform initial policy
     obs = torch.randn(6, 5)
     action, logp, _ = model.act(obs)
@@ -109,7 +109,7 @@ def test_multidiscrete_log_probs_and_entropy_are_sums_of_per_component_categoric
 
 
 def test_multibinary_log_probs_and_entropy_are_sums_of_per_component_bernoullis():
-    model = build_model(spaces.Box(-1, 1, (5,), np.float32), spaces.MultiBinary(4))
+    model = ActorCritic(spaces.Box(-1, 1, (5,), np.float32), spaces.MultiBinary(4))
     torch.nn.init.normal_(model.policy_head.weight)
     obs = torch.randn(6, 5)
     action, logp, _ = model.act(obs)
@@ -128,27 +128,27 @@ def test_the_cnn_torso_is_sized_to_the_image():
     assert cnn_arch_for((4, 84, 84)) == "nature"
     assert cnn_arch_for((4, 10, 10)) == "small"
     minatar = spaces.Box(0, 1, (10, 10, 4), bool)  # MinAtar's grids, channels last
-    model = build_model(minatar, spaces.Discrete(3))
+    model = ActorCritic(minatar, spaces.Discrete(3))
     assert model.uses_cnn and model.torso[0][0].in_channels == 4
     assert model.torso[0][0].kernel_size == (3, 3)
     obs = torch.from_numpy(np.stack([minatar.sample() for _ in range(5)]))
     params, value = model(obs)
     assert params.shape == (5, 3) and value.shape == (5,)
-    nature = build_model(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(3))
+    nature = ActorCritic(spaces.Box(0, 255, (4, 84, 84), np.uint8), spaces.Discrete(3))
     assert nature.torso[0][0].kernel_size == (8, 8)
-    forced = build_model(spaces.Box(0, 255, (40, 40, 3), np.uint8), spaces.Discrete(3), cnn_arch="small")
+    forced = ActorCritic(spaces.Box(0, 255, (40, 40, 3), np.uint8), spaces.Discrete(3), cnn_arch="small")
     assert forced.torso[0][0].kernel_size == (3, 3)
 
 
 @pytest.mark.parametrize("shape, chw", [((4, 84, 84), (4, 84, 84)), ((96, 96, 3), (3, 96, 96)),
                                         ((10, 10, 6), (6, 10, 10)), ((10, 10, 10), (10, 10, 10))])
 def test_image_channels_are_found_first_or_last(shape, chw):
-    model = build_model(spaces.Box(0, 1, shape, np.float32), spaces.Discrete(2))
+    model = ActorCritic(spaces.Box(0, 1, shape, np.float32), spaces.Discrete(2))
     assert model.torso[0][0].in_channels == chw[0]
 
 
 def test_discrete_spaces_that_do_not_start_at_zero_are_shifted():
-    model = build_model(spaces.Discrete(3, start=-1), spaces.Discrete(2, start=5))
+    model = ActorCritic(spaces.Discrete(3, start=-1), spaces.Discrete(2, start=5))
     params, _ = model(torch.tensor([-1, 0, 1]))
     assert params.shape == (3, 2)
     with pytest.raises(RuntimeError):  # -1 is index 0 of the one-hot; -2 is out of range

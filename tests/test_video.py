@@ -15,7 +15,7 @@ import pytest
 from a3c import A3C
 from a3c.api import evaluate
 from a3c.cli import main
-from a3c.video import record_video
+from a3c.envs.video import record_video
 
 from conftest import assert_one_line_error
 

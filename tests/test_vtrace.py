@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from a3c import vtrace
+from a3c.learners import vtrace
 
 
 def reference_vtrace(log_rhos, discounts, rewards, values, bootstrap_value,

@@ -14,17 +14,13 @@ an episode ended inside.
 
 `ActorLoop` is the one loop that fills fragments. A local actor (`run_actor`, a process
 or a thread) copies the shared weights into its policy before each unroll and puts the
-fragments into the queue; a remote one (`a3c.remote`) loads published weights and returns
+fragments into the queue; a remote one (`a3c.actors.remote`) loads published weights and returns
 the fragments to the trainer, which puts them into the same queue.
 """
 from __future__ import annotations
 
-import ctypes
-import os
 import queue
-import signal
 import time
-from collections.abc import Callable
 from typing import NamedTuple
 
 import gymnasium as gym
@@ -33,19 +29,14 @@ import torch
 
 from replay import ArrayQueue, Closed, Counters
 
-from .config import Config
-from .envs import env_action, make_vector_env
-from .model import WeightCopy
-from .spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
+from ..config import Config
+from ..envs import env_action
+from ..envs.spaces import action_record, flat_obs, obs_record, obs_to_torch, stack_obs, write_obs
 
-__all__ = ["EPISODE_DTYPE", "JOIN_TIMEOUT_S", "ActorLoop", "SyncGate", "Unroll", "actor_seed",
-           "end_with_parent", "fragment_dtype", "run_actor", "sync_rounds"]
+__all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "fragment_dtype", "report_episodes"]
 
 # One finished episode, for charts/episodic_return and charts/episode_length.
 EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
-# A worker (actor or learner process, or the Ray pump's thread) still running this long
-# after it was asked to stop is stuck, and is killed or left to the process's end.
-JOIN_TIMEOUT_S = 10.0
 
 
 def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int,
@@ -151,133 +142,6 @@ class ActorLoop:
         return Unroll(episodes, env_s, time.perf_counter() - start - env_s)
 
 
-def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
-              episodes: ArrayQueue, counters: Counters, in_process: bool,
-              env_factory: Callable | None = None, rounds: Counters | None = None) -> None:
-    """Act until the fragment queue is closed. `model` is the shared model: it is read
-    (copied into a local one) once per fragment and never written. `env_factory`, when
-    given, makes the environments instead of the config's env section. `rounds`
-    (`sync_rounds`) is required with `actors.sync`."""
-    if cfg.actors.sync and rounds is None:
-        raise ValueError("actors.sync needs the run's sync_rounds(...) passed as rounds")
-    if in_process:
-        # Ctrl-C reaches the whole process group; the trainer decides how to stop. A
-        # forked actor also inherits the command line's SIGTERM handler: back to default.
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        end_with_parent()
-        torch.set_num_threads(1)
-    envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
-    try:
-        gate = SyncGate(cfg, counters, rounds, actor_id, fragments) if cfg.actors.sync else None
-        _act(envs, model, fragments, episodes, counters, cfg, actor_seed(cfg, actor_id), gate)
-    except Closed:
-        pass  # the trainer is stopping
-    finally:
-        envs.close()
-
-
-def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
-         counters: Counters, cfg: Config, seed: int, gate: SyncGate | None) -> None:
-    local = clone_policy(shared)
-    copy_weights = WeightCopy(local, shared)
-    loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
-    buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment
-    while True:
-        if gate is not None:
-            gate.wait()
-        start = time.perf_counter()
-        copy_weights()  # a recent policy, once per fragment
-        unroll = loop.unroll(buf, counters["policy_version"])
-        report_episodes(unroll.episodes, episodes, counters)
-        before_put = time.perf_counter()
-        if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
-            return  # closed while waiting: the trainer is stopping
-        if gate is not None:
-            gate.put()
-        done_at = time.perf_counter()
-        counters.add("env_steps", buf.size * loop.T)
-        counters.add("queue_puts", len(buf))
-        counters.add("actor_env_s", unroll.env_s)
-        counters.add("actor_policy_s", before_put - start - unroll.env_s)  # inference, bookkeeping
-        counters.add("actor_queue_s", done_at - before_put)
-
-
-def sync_rounds(cfg: Config, fresh_batches: int) -> Counters:
-    """The shared state of synchronous actors (`actors.sync`): each actor's unrolls put
-    so far, in shared memory so that a restarted actor carries on from its predecessor's
-    count, and `start`, the learners' `fresh_batches` when the run (or resume) began.
-    The trainer makes it, hands it to every actor it starts, and closes it."""
-    rounds = Counters(["start", *(f"actor_{i}" for i in range(cfg.actors.num))])
-    rounds.set("start", fresh_batches)
-    return rounds
-
-
-class SyncGate:
-    """Synchronous actors (`actors.sync`): each of the N actors acts B / (N x E) unrolls
-    of its E environments per fresh batch of B fragments (a round), then waits until the
-    learner has trained on a fresh batch (the `fresh_batches` counter). Actor i's u-th
-    unroll (u: its count in `rounds`) belongs to round u // (B / (N x E)), and starts
-    once that many fresh batches are trained since the start. The learner trains on
-    batch n only once all its fragments are in, and none of batch n + 1's can be acted
-    before batch n's update: every fresh batch is acted by the policy version its update
-    starts from. (Observation statistics, where the model normalizes them, take in the
-    batch before its first step.)
-
-    The count is kept in shared memory and added to only once an unroll is in the
-    queue, so an actor that dies mid-round is replaced by one that acts the unrolls it
-    left: no round runs short (a wait forever) or long (a surplus that would make every
-    later batch part stale), short of a death between a put and its count, which leaves
-    one unroll over. (Counting before the put would instead lose one, and wait forever.)"""
-
-    # The wait is one update long (tens to hundreds of ms): polls start short and back
-    # off, so that waiting actors take little of the cores the learner is using.
-    FIRST_POLL_S, LONGEST_POLL_S = 0.0002, 0.005
-
-    def __init__(self, cfg: Config, counters: Counters, rounds: Counters, actor_id: int,
-                 fragments: ArrayQueue):
-        a = cfg.actors
-        self.per_round = cfg.learners.batch_size // (a.num * a.envs_per_actor)
-        self.counters, self.rounds, self.fragments = counters, rounds, fragments
-        self.name = f"actor_{actor_id}"
-        self.start = rounds["start"]  # set once, before any actor starts
-
-    def wait(self) -> None:
-        """Return when this actor's next unroll may start; raises Closed if the queue
-        closes while it waits (the trainer is stopping)."""
-        due = self.start + self.rounds[self.name] // self.per_round
-        if self.counters["fresh_batches"] >= due:
-            return
-        started, poll = time.perf_counter(), self.FIRST_POLL_S
-        while self.counters["fresh_batches"] < due:
-            if self.fragments.closed:
-                raise Closed("the queue closed while the actor waited for an update")
-            time.sleep(poll)
-            poll = min(2 * poll, self.LONGEST_POLL_S)
-        self.counters.add("actor_sync_s", time.perf_counter() - started)
-
-    def put(self) -> None:
-        """An unroll is in the queue."""
-        self.rounds.add(self.name)
-
-
-def end_with_parent() -> None:
-    """Have the kernel send this process SIGTERM when its parent ends (Linux's
-    PR_SET_PDEATHSIG), however it ends: a trainer killed with SIGKILL, or whose SIGTERM
-    handler never ran, cannot stop its actors (or learner processes), and without this
-    they would wait on the queue forever. The parent is the trainer, or the fork server,
-    which ends with the trainer (restarted actors, and learner processes where an
-    accelerator is visible, come from it)."""
-    parent = os.getppid()
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # it ended before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
-
-
-_PR_SET_PDEATHSIG = 1
-
-
 def report_episodes(finished: np.ndarray, episodes: ArrayQueue, counters: Counters) -> None:
     """Count the episodes that ended and hand them to the monitor, stamped with the env
     steps counted so far."""
@@ -306,14 +170,3 @@ def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space,
             _, _, v, _ = model.act_recurrent(final, state[rows], torch.zeros(len(index), dtype=torch.bool))
         values[truncated] = v.numpy()
     return values
-
-
-def clone_policy(model: torch.nn.Module) -> torch.nn.Module:
-    """A private copy for acting, so reading weights never races a learner's update
-    in the middle of a forward pass."""
-    import copy
-
-    local = copy.deepcopy(model)
-    for p in local.parameters():
-        p.requires_grad_(False)
-    return local

@@ -1,4 +1,4 @@
-"""The runner: wires actors, the queue, learners and the monitor, supervises them, and
+"""The trainer: wires actors, the queue, learners and the monitor, supervises them, and
 shuts everything down (also on Ctrl-C) leaving no process, thread or shared memory.
 
     actors (processes or threads) --put_many--> ArrayQueue --get_many--> learners
@@ -11,7 +11,7 @@ own, one GIL each: the model's parameters and statistics and the optimizer's sta
 live in shared memory, so the same Hogwild updates land in the same tensors either way.
 
 With `actors.mode: ray` the actors run on a Ray cluster and a pump thread puts what they
-return into the same queue (a3c.remote); the learners do not know the difference.
+return into the same queue (a3c.actors.remote); the learners do not know the difference.
 """
 from __future__ import annotations
 
@@ -28,18 +28,20 @@ import torch
 
 from replay import ArrayQueue, Counters
 
-from .actor import EPISODE_DTYPE, JOIN_TIMEOUT_S, fragment_dtype, run_actor, sync_rounds
-from .checkpoint import CheckpointError, latest_checkpoint, save_checkpoint
-from .config import Config, ConfigError, config_here, config_table, config_to_dict, load_config
+from .actors.local import run_actor, sync_rounds
+from .actors.loop import EPISODE_DTYPE, fragment_dtype
+from .checkpoint import check_compatible, latest_checkpoint, load_state, save_checkpoint
+from .config import Config, ConfigError, config_table, config_to_dict
 from .envs import check_env_factory, make_env
-from .learner import (DeviceCopy, Learners, join_learner, proximal_average, replay_buffer, start_learners,
-                      step_queue)
+from .learners.optim import build_optimizer, value_lr_problem
+from .learners.source import replay_buffer
+from .learners.updater import proximal_average, step_queue
+from .learners.workers import DeviceCopy, Learners, start_learners
 from .metrics import Monitor, Sink, TensorBoardSink
-from .model import build_model
-from .optim import build_optimizer, value_lr_problem
+from .models import build_model
+from .procs import JOIN_TIMEOUT_S, join_worker, learner_context, worker_context
 
-__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_compatible", "check_learner_settings",
-           "load_state"]
+__all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_learner_settings"]
 
 # fragments_lost: in the calls of remote actors (actors.mode ray) that died or timed out.
 # fresh_batches: fresh batches the learners have trained on (synchronous actors wait for it).
@@ -58,10 +60,7 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
     """The model the config describes, for the config's environment (or `env_factory`'s)."""
     env = make_env(cfg.env, env_factory=env_factory)
     try:
-        m = cfg.model
-        return build_model(env.observation_space, env.action_space, m.hidden_sizes, m.activation, m.cnn,
-                           m.normalize_obs, m.normalize_value, m.state_dependent_std, m.cnn_arch,
-                           m.lstm, m.shared_torso, m.log_std_init, m.layer_norm)
+        return build_model(env.observation_space, env.action_space, cfg.model)
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:
@@ -72,7 +71,7 @@ def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
     """The settings that need a kind of model, against the run's model (a user's
     included): `learners.bound_coef` bounds a feedforward Gaussian policy's means, so the
     model must have one, and a Box action space whose bounds it reads
-    (a3c.learner.mean_excess); minibatches of steps need a feedforward model;
+    (a3c.learners.loss.mean_excess); minibatches of steps need a feedforward model;
     `optim.value_lr` needs modules named value_*."""
     space = getattr(model, "action_space", None)
     recurrent = getattr(model, "is_recurrent", False)
@@ -93,52 +92,10 @@ def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
         raise ConfigError(problems)
 
 
-def check_compatible(cfg: Config, state: dict) -> None:
-    """A checkpoint must come from the same environment, model and optimizer as the
-    config. The saved config is validated first, so that fields added since it was
-    written take their defaults instead of counting as differences."""
-    try:
-        saved = config_to_dict(load_config(config_here(state["config"])))
-    except ConfigError as error:
-        raise CheckpointError(f"the checkpoint's config is not valid here: {error}") from None
-    current = config_to_dict(cfg)
-    for section, names in (("env", None), ("model", None), ("optim", ["name"])):
-        then, now = saved[section], current[section]
-        differ = [name for name in names or now if then.get(name) != now[name]]
-        if not differ:
-            continue
-        if (section, differ) != ("env", ["factory"]):
-            fix = "use the run's own config.yaml"
-        elif then["factory"] is None:
-            fix = f"it was trained on env.id {then['id']!r}: load it without env="
-        else:
-            fix = f"pass the callable it was trained with: A3C.load(path, env={then['factory']})"
-        raise CheckpointError(f"the checkpoint was trained with {_settings(section, then, differ)} but the "
-                              f"config has {_settings(section, now, differ)}; {fix}")
 
 
-def _settings(section: str, values: dict, names: list[str]) -> str:
-    """`section.name = value, ...` for the named fields of one config section."""
-    return ", ".join(f"{section}.{name} = {values.get(name)!r}" for name in names)
 
 
-def load_state(state: dict, model: torch.nn.Module | None = None, optimizer=None,
-               average: torch.nn.Module | None = None) -> None:
-    """Load a checkpoint's weights, optimizer state and proximal average (where it has
-    one), or say why they do not fit."""
-    try:
-        if model is not None:
-            model.load_state_dict(state["model"])
-        if optimizer is not None:
-            optimizer.load_state_dict(state["optimizer"])
-        if average is not None and state.get("proximal") is not None:
-            average.load_state_dict(state["proximal"])
-    except (KeyError, RuntimeError, ValueError) as error:
-        raise CheckpointError(
-            f"the checkpoint does not fit this model or optimizer ({str(error)[:200]}); "
-            "resume with the run's own config.yaml; a run trained with a model of your own "
-            "needs that model again: A3C.load(path, model=...)"
-        ) from None
 
 
 class Trainer:
@@ -174,9 +131,9 @@ class Trainer:
         self._actors: list = []
         self.learners = Learners(threading.Event(), [])  # none until train() starts them
         self._restarts = [0] * cfg.actors.num
-        self._ray = self._pump = None  # with actors.mode ray: a3c.remote.RayRuntime and Pump
+        self._ray = self._pump = None  # with actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
-        self.rounds: Counters | None = None  # with actors.sync: a3c.actor.sync_rounds
+        self.rounds: Counters | None = None  # with actors.sync: a3c.actors.local.sync_rounds
         # Made by train(): the fragment and episode queues, the replay buffer (with
         # replay.ratio > 0) and the learners' step statistics.
         self.fragments = self.episodes = self.replay = self.learner_stats = None
@@ -213,7 +170,7 @@ class Trainer:
                 self.device_copy = DeviceCopy(cfg, self.model, self.optimizer, average=self.average)
             self.learners = start_learners(
                 cfg, self.model, self.optimizer, self.fragments, self.counters, self.learner_stats,
-                self.replay, _learner_context() if cfg.learners.mode == "process" else None,
+                self.replay, learner_context() if cfg.learners.mode == "process" else None,
                 self.device_copy, self.average)
             sink = self._sink or TensorBoardSink(str(self.run_dir))
             sink.text("config", config_table(cfg))
@@ -250,7 +207,7 @@ class Trainer:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             later.callback(self._stop_actors)
             for learner in self.learners.workers:  # each ends within a gradient step once stopped
-                join_learner(learner)
+                join_worker(learner)
             if self.learners.workers:  # else train failed while starting: nothing was learned
                 self.save(latest_checkpoint(self.run_dir))
                 self.saved = True
@@ -294,7 +251,7 @@ class Trainer:
             actor = threading.Thread(target=run_actor, args=(*args, False), kwargs=kwargs,
                                      name=f"a3c-actor-{i}", daemon=True)
         else:
-            actor = _context().Process(target=run_actor, args=(*args, True), kwargs=kwargs,
+            actor = worker_context().Process(target=run_actor, args=(*args, True), kwargs=kwargs,
                                        name=f"a3c-actor-{i}", daemon=True)
         actor.start()
         return actor
@@ -312,7 +269,8 @@ class Trainer:
         self._actors[i] = self._start_actor(i)
 
     def _start_remote_actors(self) -> None:
-        from .remote import Pump, RayRuntime
+        from .actors.cluster import RayRuntime
+        from .actors.remote import Pump
 
         self._ray = RayRuntime(self.cfg)
         self._pump = Pump(self.cfg, self.model, self.fragments, self.episodes, self.counters,
@@ -350,33 +308,9 @@ class Trainer:
         return None if self.average is None else self.average.state_dict()
 
 
-def _context():
-    """Where actor (and learner) processes come from. Forking this process is fast (no
-    imports) and safe while it runs a single thread, as when a run starts; once learner or
-    monitor threads run, a thread may hold a lock the child would inherit locked, so
-    restarted actors come from the fork server."""
-    if threading.active_count() == 1:
-        return mp.get_context("fork")
-    return _fork_server()
 
 
-def _learner_context():
-    """Where learner processes come from: as actors, except where an accelerator is
-    visible. There the first backward pass in this process (learner threads of an earlier
-    run, say) starts autograd's device threads, and a forked child's backward pass then
-    fails ("Unable to handle autograd's threading in combination with fork-based
-    multiprocessing"); whether one ran cannot be asked, so learners come from the fork
-    server."""
-    return _fork_server() if _accelerator_visible() else _context()
 
 
-def _accelerator_visible() -> bool:
-    accelerator = getattr(torch, "accelerator", None)  # torch >= 2.6
-    return accelerator.is_available() if accelerator is not None else torch.cuda.is_available()
 
 
-def _fork_server():
-    """The fork server: a clean process that imported the worker code once."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["a3c.actor", "a3c.learner"])
-    return ctx

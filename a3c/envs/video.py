@@ -1,6 +1,6 @@
 """Videos of a policy playing (`a3c eval RUN --video out.mp4`), as RL Zoo's `record_video`.
 
-The episodes are those `evaluate` plays, through the same loop (`api.play`); each frame
+The episodes are those `evaluate` plays, through the same loop (`play`); each frame
 is rendered by the environment (`render_mode="rgb_array"`) and encoded with PyAV as it
 comes, into H.264 in an MP4 file. PyAV is the `video` extra: `pip install -e ".[video]"`.
 """
@@ -16,10 +16,10 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from .api import play
-from .config import Config
-from .envs import EnvError, make_env
-from .files import write_atomically
+from ..config import Config
+from ..files import write_atomically
+from .play import play
+from .sources import EnvError, make_env
 
 __all__ = ["VideoError", "record_video"]
 

@@ -20,13 +20,13 @@ import re
 from collections.abc import Callable, Mapping
 from multiprocessing.reduction import ForkingPickler
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import gymnasium as gym
 import numpy as np
 
-if TYPE_CHECKING:  # at run time the config imports this module, not the other way round
-    from .config import EnvConfig
+from ..config import EnvConfig
+from ..files import excerpt
 
 __all__ = ["EnvError", "check_env_factory", "env_action", "factory_name", "import_env_module",
            "load_object", "make_env", "make_vector_env", "wrapper_spec"]
@@ -53,7 +53,7 @@ def import_env_module(name: str) -> None:
         raise EnvError(_not_found(name, error)) from None
     except Exception as error:  # a module may raise anything while it is imported
         raise EnvError(f"importing module {name!r} raised {type(error).__name__}: "
-                       f"{str(error)[:200]}; fix that module") from None
+                       f"{excerpt(error)}; fix that module") from None
     top = name.partition(".")[0]
     for hook in importlib.metadata.entry_points(group="gymnasium.envs"):
         if hook.module.partition(".")[0] == top and hook.value not in _HOOKS_RUN:
@@ -62,7 +62,7 @@ def import_env_module(name: str) -> None:
                 hook.load()()
             except Exception as error:  # third-party code: name it and the cause
                 raise EnvError(f"the gymnasium.envs hook {hook.value} of {top} raised "
-                               f"{type(error).__name__}: {str(error)[:200]}") from None
+                               f"{type(error).__name__}: {excerpt(error)}") from None
 
 
 def _not_found(name: str, error: ModuleNotFoundError) -> str:

@@ -1,0 +1,232 @@
+"""Validation: a config dict checked against the schema (types, choices, ranges, unknown
+keys, each with a suggestion) and the cross-field rules, as pure functions of the values.
+Every problem is collected, and one ConfigError lists them all. Nothing here looks
+outside the config: `a3c.envs.preflight` checks what it names (environments, devices)."""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import operator
+import re
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+from .schema import Config, ConfigError, LearnersConfig, RayConfig, type_name
+
+__all__ = ["validate"]
+
+
+def _conform(v: Any, tp: Any) -> tuple[bool, Any]:
+    """(ok, value converted to tp); ints are accepted for floats, bools are not ints."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            ok, c = _conform(v, arg)
+            if ok:
+                return True, c
+        return False, None
+    if tp is type(None):
+        return v is None, None
+    if origin is list:
+        if not isinstance(v, (list, tuple)):
+            return False, None
+        items = [_conform(x, typing.get_args(tp)[0]) for x in v]
+        return all(ok for ok, _ in items), [c for _, c in items]
+    if tp is dict or origin is dict:
+        ok = isinstance(v, Mapping) and all(isinstance(k, str) for k in v)
+        return ok, copy.deepcopy(dict(v)) if ok else None
+    if tp is float:
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool)
+        return ok, float(v) if ok else None
+    if tp is int:
+        return isinstance(v, int) and not isinstance(v, bool), v
+    return isinstance(v, tp), v
+
+
+def _range_problem(key: str, v: Any, meta: Mapping[str, Any], nullable: bool) -> str | None:
+    if "choices" in meta and v not in meta["choices"]:
+        return f"{key}: {v!r} is not allowed; use one of: {', '.join(meta['choices'])}"
+    lo = [(">=", meta["ge"])] if "ge" in meta else [(">", meta["gt"])] if "gt" in meta else []
+    hi = [("<=", meta["le"])] if "le" in meta else [("<", meta["lt"])] if "lt" in meta else []
+    if not (lo or hi) or v is None:
+        return None
+    name = re.sub(r"\[\d+\]$", "", key.rsplit(".", 1)[-1])
+    ops = {">=": operator.ge, ">": operator.gt, "<=": operator.le, "<": operator.lt}
+    if all(ops[op](v, b) for op, b in lo + hi):
+        return None
+    if lo and hi:
+        flip = {">=": "<=", ">": "<"}
+        allowed = f"{lo[0][1]} {flip[lo[0][0]]} {name} {hi[0][0]} {hi[0][1]}"
+    else:
+        allowed = " and ".join(f"{name} {op} {b}" for op, b in lo + hi)
+    return f"{key}: {v!r} is out of range; allowed: {allowed}{' or null' if nullable else ''}"
+
+
+# --------------------------------------------------------------------------------------- building
+def _build(cls: type, data: Mapping[str, Any], prefix: str, problems: list[str], bad: set[str]) -> Any:
+    hints, names = typing.get_type_hints(cls), [f.name for f in dataclasses.fields(cls)]
+    for k in data:
+        if k not in names:
+            key = f"{prefix}{k}"
+            close = difflib.get_close_matches(str(k), names, n=1)
+            hint = f"did you mean '{prefix}{close[0]}'?" if close else f"allowed keys: {', '.join(names)}"
+            problems.append(f"{key}: unknown key; {hint}")
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in data:
+            continue
+        key, v, tp = prefix + f.name, data[f.name], hints[f.name]
+        if dataclasses.is_dataclass(tp):
+            if v is None:  # an empty section in YAML
+                continue
+            if isinstance(v, Mapping):
+                values[f.name] = _build(tp, v, key + ".", problems, bad)
+            else:
+                bad.add(key)
+                problems.append(f"{key}: {v!r} has type {type(v).__name__}; expected a section (mapping) "
+                                f"with keys: {', '.join(x.name for x in dataclasses.fields(tp))}")
+            continue
+        ok, c = _conform(v, tp)
+        if not ok:
+            bad.add(key)
+            problems.append(f"{key}: {v!r} has type {type(v).__name__}; expected {type_name(tp)}")
+            continue
+        meta, nullable = f.metadata, _conform(None, tp)[0]
+        errs = [_range_problem(f"{key}[{i}]", x, meta, nullable) for i, x in enumerate(v)] \
+            if isinstance(c, list) else [_range_problem(key, v, meta, nullable)]
+        if "length" in meta and len(c) != meta["length"]:
+            errs.append(f"{key}: {v!r} has {len(c)} items; allowed: exactly {meta['length']}")
+        errs = [e for e in errs if e]
+        if errs:
+            bad.add(key)
+            problems += errs
+        else:
+            values[f.name] = c
+    return cls(**values)
+
+
+def _check_ray(ray: RayConfig, problems: list[str], bad: set[str]) -> None:
+    """The form of the ray section; whether the address answers is checked when a run starts."""
+    address = ray.address
+    if address is not None and address != "auto" and "ray.address" not in bad:
+        host, colon, port = address.rpartition(":")
+        if not (colon and host and port.isdigit() and 0 < int(port) < 65536) or "://" in host:
+            problems.append(f"ray.address: {address!r} is not allowed; use null (a Ray instance for "
+                            f"this run), auto, or host:port such as 10.0.0.1:6379")
+    if "ray.resources" not in bad:
+        for name, amount in (ray.resources or {}).items():
+            if isinstance(amount, bool) or not isinstance(amount, (int, float)) or amount < 0:
+                problems.append(f"ray.resources.{name}: {amount!r} is not allowed; use a number >= 0")
+    if not ({"ray.weights_interval_updates", "ray.weights_interval_s"} & bad) \
+            and ray.weights_interval_updates == 0 and ray.weights_interval_s == 0:
+        problems.append("ray.weights_interval_updates: 0 with ray.weights_interval_s 0 would never "
+                        "publish new weights; set either above 0")
+
+
+def _check_minibatches(learners: LearnersConfig, unroll_length: int, problems: list[str],
+                       bad: set[str]) -> None:
+    """No more minibatches than the batch has fragments (or steps, split by steps), and,
+    where advantages are normalized, at least 2 steps in each (the std of one is not a
+    number, and every loss would be skipped)."""
+    if {"learners.minibatches", "learners.batch_size", "learners.minibatch_split",
+            "actors.unroll_length", "learners.normalize_advantages"} & bad:
+        return
+    by_steps = learners.minibatch_split == "steps"
+    units = learners.batch_size * unroll_length if by_steps else learners.batch_size
+    single_steps = by_steps or unroll_length == 1  # each unit a minibatch is made of is one step
+    limit = units // 2 if learners.normalize_advantages and single_steps else units
+    if learners.minibatches <= limit:
+        return
+    what = (f"the batch's {units} steps (learners.batch_size times actors.unroll_length)" if by_steps
+            else f"learners.batch_size ({units})")
+    if limit < units:
+        what = (f"half {what}: each minibatch needs 2 steps for its advantages to be normalized "
+                f"(learners.normalize_advantages)")
+    problems.append(f"learners.minibatches: {learners.minibatches} is larger than {what}; "
+                    f"allowed: minibatches <= {limit}")
+
+
+def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """Synchronous actors act one batch per update between them (a3c.actors.local.SyncGate):
+    local actors only, a batch a whole number of rounds of every actor's environments, and
+    one learner that trains on nothing else (no replay)."""
+    a = cfg.actors
+    if not a.sync or {"actors.sync", "actors.num", "actors.envs_per_actor", "actors.mode",
+                      "learners.batch_size", "learners.num", "replay.ratio"} & bad:
+        return
+    if cfg.learners.num > 1:
+        problems.append(f"actors.sync: true acts one batch at a time, for one learner; with learners.num "
+                        f"{cfg.learners.num} each would take part of it and wait for the rest forever; "
+                        f"set learners.num to 1, or actors.sync to false")
+    if cfg.replay.ratio:
+        problems.append(f"actors.sync: true trains each batch from the policy that acted it, and "
+                        f"replay.ratio {cfg.replay.ratio} trains replayed batches while the actors act; "
+                        f"set replay.ratio to 0, or actors.sync to false")
+    if a.mode == "ray":
+        problems.append("actors.sync: true is for local actors, and actors.mode is ray; use actors.mode "
+                        "process or thread, or set actors.sync to false")
+    per_round = a.num * a.envs_per_actor
+    if cfg.learners.batch_size % per_round:
+        problems.append(f"actors.sync: true needs learners.batch_size ({cfg.learners.batch_size}) to be a "
+                        f"multiple of actors.num x envs_per_actor ({a.num} x {a.envs_per_actor} = "
+                        f"{per_round}); change one of them, or set actors.sync to false")
+
+
+def validate(data: Mapping[str, Any], problems: list[str], source: str | None = None) -> Config:
+    """The Config of the dict `data`, or one ConfigError listing all its problems along
+    with `problems` (those found before, such as malformed overrides)."""
+    bad: set[str] = set()
+    cfg = _build(Config, _name_unnamed_env(data), "", problems, bad)
+    if "name" not in bad and (not cfg.name or cfg.name.startswith(".") or re.search(r"[/\\]", cfg.name)):
+        problems.append(f"name: {cfg.name!r} is not allowed; use a folder name without '/' or '\\' "
+                        f"that does not start with '.'")
+    _check_minibatches(cfg.learners, cfg.actors.unroll_length, problems, bad)
+    if not ({"actors.queue_capacity", "learners.batch_size"} & bad) \
+            and cfg.actors.queue_capacity < cfg.learners.batch_size:
+        problems.append(f"actors.queue_capacity: {cfg.actors.queue_capacity} is smaller than "
+                        f"learners.batch_size ({cfg.learners.batch_size}); "
+                        f"allowed: queue_capacity >= batch_size")
+    if not ({"learners.bound_coef", "model.lstm"} & bad) and cfg.learners.bound_coef and cfg.model.lstm:
+        problems.append(f"learners.bound_coef: {cfg.learners.bound_coef} needs a feedforward model, and "
+                        f"model.lstm is {cfg.model.lstm}; set one of them to 0")
+    if not ({"learners.minibatch_split", "model.lstm"} & bad) \
+            and cfg.learners.minibatch_split == "steps" and cfg.model.lstm:
+        problems.append(f"learners.minibatch_split: steps needs a feedforward model, and model.lstm is "
+                        f"{cfg.model.lstm}; split by fragments, or set model.lstm to 0")
+    if not ({"learners.proximal_decay", "learners.clip_coef"} & bad) \
+            and cfg.learners.proximal_decay is not None and cfg.learners.clip_coef is None:
+        problems.append(f"learners.proximal_decay: {cfg.learners.proximal_decay} centres PPO's clip, and "
+                        f"learners.clip_coef is null; set clip_coef (e.g. 0.2), or proximal_decay to null")
+    _check_sync(cfg, problems, bad)
+    if "learners.device" not in bad:
+        _check_device(cfg.learners, problems)
+    _check_ray(cfg.ray, problems, bad)
+    if problems:
+        raise ConfigError(problems, source)
+    return cfg
+
+
+def _name_unnamed_env(data: Mapping[str, Any]) -> Mapping[str, Any]:
+    """`data` with env.id set to the entry point's (or factory's) name where no id is
+    given: the run's name for an environment that no id names."""
+    env = data.get("env")
+    if not isinstance(env, Mapping) or "id" in env:
+        return data
+    named_by = env.get("factory") or env.get("entry_point")
+    if not isinstance(named_by, str):
+        return data
+    return {**data, "env": {**env, "id": named_by.rpartition(":")[2]}}
+
+
+def _check_device(learners: LearnersConfig, problems: list[str]) -> None:
+    """The device's form; whether this host has it is for a3c.envs.preflight to say."""
+    device = learners.device
+    if not re.fullmatch(r"cpu|cuda(?::\d+)?", device):
+        problems.append(f"learners.device: {device!r} is not allowed; use one of: cpu, cuda, cuda:N")
+    elif device != "cpu" and learners.mode == "process":
+        problems.append(f"learners.mode: process with learners.device {device!r} is not "
+                        "supported: the GPU model lives in the trainer's process; use learners.mode: "
+                        "thread (learners.num threads share it)")

@@ -1,0 +1,16 @@
+"""Environments: where they come from, what a run checks of them before it starts, how
+their observations and actions are stored, and the episodes a policy plays in them.
+
+    sources.py    a registered id, module:EnvId, env.imports, an entry point, a factory,
+                  wrappers; make_env and make_vector_env
+    preflight.py  the checks of environment, device and queue a run makes before it starts
+    spaces.py     observations and actions in fragment records and as tensors
+    wrappers.py   wrappers a config can name (a3c.wrappers:KeepObservation)
+    play.py       the episode loop of evaluate and video
+    video.py      a3c eval --video
+"""
+from .sources import (EnvError, check_env_factory, env_action, factory_name, import_env_module, load_object,
+                      make_env, make_vector_env, wrapper_spec)
+
+__all__ = ["EnvError", "check_env_factory", "env_action", "factory_name", "import_env_module", "load_object",
+           "make_env", "make_vector_env", "wrapper_spec"]

@@ -1,0 +1,157 @@
+"""Torsos: what turns a batch of raw observations into features for the heads.
+
+- an MLP for vector observations (and one-hot encoded discrete ones);
+- a CNN for images: the Nature-DQN torso, or MinAtar's small one for small grids;
+- `MultiInputTorso` for Dict and Tuple observations: a CNN per image leaf, the rest
+  concatenated, then the MLP.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..envs.spaces import leaves
+from .normalize import _module_name
+
+__all__ = ["MultiInputTorso", "chw", "cnn_arch_for", "cnn_torso", "encode", "is_image", "mlp_torso",
+           "orthogonal", "vector_dim"]
+
+_ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
+
+
+# Images at least this high and wide get the Nature-DQN torso; smaller ones (MinAtar's
+# 10x10 grids) the small one: Nature's 8x8 stride-4 first layer needs 36x36.
+_NATURE_MIN_SIDE = 36
+
+
+def orthogonal(layer: nn.Module, gain: float) -> nn.Module:
+    """Orthogonal weights and zero bias, the usual actor-critic initialisation."""
+    nn.init.orthogonal_(layer.weight, gain)
+    nn.init.zeros_(layer.bias)
+    return layer
+
+
+def mlp_torso(in_dim: int, hidden_sizes: Sequence[int], activation: str,
+               layer_norm: bool = False) -> Tuple[nn.Module, int]:
+    """Fully connected torso; returns the module and its output size. With `layer_norm`
+    each layer's pre-activations are normalized over its units (Ba et al. 2016) before
+    the activation."""
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    layers = []
+    for size in hidden_sizes:
+        layers += [orthogonal(nn.Linear(in_dim, size), math.sqrt(2)),
+                   *([nn.LayerNorm(size)] if layer_norm else []), _ACTIVATIONS[activation]()]
+        in_dim = size
+    return nn.Sequential(*layers), in_dim
+
+
+def cnn_arch_for(chw: Sequence[int], arch: str = "auto") -> str:
+    """The CNN torso an image of shape [C, H, W] gets: `arch`, or with "auto" the
+    Nature-DQN torso for images of 36x36 and more, the small one below."""
+    if arch != "auto":
+        return arch
+    return "nature" if min(chw[1:]) >= _NATURE_MIN_SIDE else "small"
+
+
+def cnn_torso(chw: Sequence[int], arch: str = "auto") -> Tuple[nn.Module, int]:
+    """A convolutional torso for [C, H, W] images:
+    - "nature": Mnih et al. 2015 (Nature DQN): 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512;
+    - "small": Young and Tian 2019 (MinAtar): 16 3x3/1, dense 128, for small grids."""
+    arch = cnn_arch_for(chw, arch)
+    if arch == "nature":
+        convs = nn.Sequential(
+            orthogonal(nn.Conv2d(chw[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
+            orthogonal(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
+            nn.Flatten(),
+        )
+        out, least = 512, f"{_NATURE_MIN_SIDE}x{_NATURE_MIN_SIDE}"
+    elif arch == "small":
+        convs = nn.Sequential(orthogonal(nn.Conv2d(chw[0], 16, 3, stride=1), math.sqrt(2)),
+                              nn.ReLU(), nn.Flatten())
+        out, least = 128, "3x3"
+    else:
+        raise ValueError(f"model.cnn_arch must be auto, nature or small, got {arch!r}")
+    # Size the dense layer from a dummy forward pass rather than by hand.
+    try:
+        with torch.no_grad():
+            flat_dim = convs(torch.zeros(1, *chw)).shape[1]
+    except RuntimeError as error:
+        raise ValueError(
+            f"observation shape {tuple(chw)} (channels, height, width) is too small for the "
+            f"{arch} CNN torso, which needs images of at least {least}; set model.cnn_arch "
+            "to auto (or small), or model.cnn to false for the MLP torso"
+        ) from error
+    return nn.Sequential(convs, orthogonal(nn.Linear(flat_dim, out), math.sqrt(2)), nn.ReLU()), out
+
+
+def is_image(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Box) and len(space.shape) == 3
+
+
+def chw(shape: Sequence[int]) -> Tuple[Tuple[int, int, int], bool]:
+    """([C, H, W], channels_last) of a rank-3 image shape. Images are [H, W, C] (rendered
+    frames, CarRacing's 96x96x3, MinAtar's 10x10xC) unless the first axis is the shorter
+    of the two ends, as in a frame stack's [4, 84, 84]."""
+    channels_last = not shape[0] < shape[-1]
+    return ((shape[2], shape[0], shape[1]) if channels_last else tuple(shape)), channels_last
+
+
+def vector_dim(space: gym.Space) -> int:
+    """The length of a leaf's encoding as a flat vector."""
+    if isinstance(space, gym.spaces.Discrete):
+        return int(space.n)
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return int(space.nvec.sum())
+    return int(np.prod(space.shape))
+
+
+def encode(obs: torch.Tensor, space: gym.Space, image: bool) -> torch.Tensor:
+    """A batch of one leaf's raw observations -> float torso input: [N, C, H, W] for an
+    image through a CNN, else [N, D] (Discrete and MultiDiscrete one-hot, bytes scaled to
+    [0, 1], everything else as float)."""
+    if isinstance(space, gym.spaces.Discrete):
+        return F.one_hot(obs.long() - int(space.start), int(space.n)).float()
+    if isinstance(space, gym.spaces.MultiDiscrete):
+        return torch.cat([F.one_hot(obs[:, i].long() - int(start), int(n)).float()  # no host-to-device copy
+                          for i, (start, n) in enumerate(zip(space.start, space.nvec))], dim=-1)
+    x = obs.float()
+    if space.dtype == np.uint8:
+        x = x * (1.0 / 255.0)
+    if image:
+        return x.permute(0, 3, 1, 2) if chw(space.shape)[1] else x
+    return x.flatten(start_dim=1)
+
+
+class MultiInputTorso(nn.Module):
+    """The torso of Dict and Tuple observations, as SB3's MultiInputPolicy builds it: each
+    image leaf through a CNN of its own, the other leaves encoded as flat vectors, all
+    concatenated, then the MLP."""
+
+    def __init__(self, observation_space: gym.Space, cnn: Optional[bool], cnn_arch: str,
+                 hidden_sizes: Sequence[int], activation: str, layer_norm: bool = False):
+        super().__init__()
+        self.leaves = leaves(observation_space)
+        self.images = [path for path, space in self.leaves if is_image(space) and cnn is not False]
+        self.cnns = nn.ModuleDict()
+        width = 0
+        for path, space in self.leaves:
+            if path in self.images:
+                self.cnns[_module_name(path)], dim = cnn_torso(chw(space.shape)[0], cnn_arch)
+            else:
+                dim = vector_dim(space)
+            width += dim
+        self.mlp, self.out_dim = mlp_torso(width, hidden_sizes, activation, layer_norm)
+
+    def forward(self, obs: dict[str, torch.Tensor]) -> torch.Tensor:
+        parts = [self.cnns[_module_name(path)](encode(obs[path], space, True))
+                 if path in self.images else encode(obs[path], space, False)
+                 for path, space in self.leaves]
+        return self.mlp(torch.cat(parts, dim=-1))
