@@ -54,7 +54,7 @@ WINDOW = 100
 class Task:
     env_id: str
     config: str | None  # None: no shipped config, the dataclass defaults (only env.id set)
-    threshold: float
+    threshold: float | None  # None: the config's solved_return (a family's other tasks name their own)
     seeds: tuple[int, ...]
     budget: int | None = None  # None: the config's total_timesteps
     requires: str | None = None  # module the environment needs, or the task is skipped
@@ -64,17 +64,29 @@ class Task:
     suite: bool = True  # run when --tasks is not given
     family: bool = False  # the config serves a family of tasks: env_id replaces its env.id
 
+    def __post_init__(self):
+        if self.threshold is None:
+            object.__setattr__(self, "threshold", solved_return(self.config))
+
+
+def solved_return(config: str) -> float:
+    """The bar a shipped config names (its solved_return), read from the file."""
+    import yaml
+
+    return float(yaml.safe_load((ROOT / config).read_text())["solved_return"])
+
 
 TASKS = {
-    "cartpole": Task("CartPole-v1", "configs/cartpole.yaml", 475.0, (1, 2, 3, 4, 5)),
-    "acrobot": Task("Acrobot-v1", "configs/acrobot.yaml", -100.0, (1, 2, 3)),
-    "pendulum": Task("Pendulum-v1", "configs/pendulum.yaml", -250.0, (1, 2, 3)),
+    "cartpole": Task("CartPole-v1", "configs/cartpole.yaml", None, (1, 2, 3, 4, 5)),
+    "acrobot": Task("Acrobot-v1", "configs/acrobot.yaml", None, (1, 2, 3)),
+    "pendulum": Task("Pendulum-v1", "configs/pendulum.yaml", None, (1, 2, 3)),
     # A task no config was tuned on: what a user gets who sets only env.id.
-    "lunarlander": Task("LunarLander-v3", None, 200.0, (1, 2, 3), 1_000_000, requires="Box2D"),
+    "lunarlander": Task("LunarLander-v3", None, solved_return("configs/lunarlander.yaml"), (1, 2, 3), 1_000_000,
+                        requires="Box2D"),
     # configs/lunarlander.yaml (SB3 PPO's recipe at a constant rate, with the clip centred on
     # an average of the policy) at its own budget (2 M steps, twice the zoo's), SB3 PPO beside
     # it for as long; no-prox is the recipe alone. Run only when named.
-    "lunarlander-long": Task("LunarLander-v3", "configs/lunarlander.yaml", 200.0, (1, 2, 3), requires="Box2D",
+    "lunarlander-long": Task("LunarLander-v3", "configs/lunarlander.yaml", None, (1, 2, 3), requires="Box2D",
                              suite=False),
 }
 # MinAtar (Young and Tian 2019, arXiv:1903.03176): 10x10xC grids, no frame skip (a frame
@@ -96,8 +108,8 @@ PPO_METHODS = ("ppo", "ppo-cnn", "recurrent-ppo", "ppo-constant-lr")
 # 100 episodes, 30 runs, best step size: about 10 on Breakout, 45 on Space Invaders).
 # Hours per run: the MinAtar tasks run only when named (--tasks breakout invaders).
 MINATAR = {"requires": "minatar", "extra": "minatar", "ppo": MINATAR_PPO, "suite": False}
-TASKS["breakout"] = Task("MinAtar/Breakout-v1", "configs/minatar_breakout.yaml", 10.0, (1, 2, 3), **MINATAR)
-TASKS["invaders"] = Task("MinAtar/SpaceInvaders-v1", "configs/minatar_space_invaders.yaml", 45.0, (1, 2, 3),
+TASKS["breakout"] = Task("MinAtar/Breakout-v1", "configs/minatar_breakout.yaml", None, (1, 2, 3), **MINATAR)
+TASKS["invaders"] = Task("MinAtar/SpaceInvaders-v1", "configs/minatar_space_invaders.yaml", None, (1, 2, 3),
                          **MINATAR)
 # CartPole without its velocities (RL Zoo's CartPoleNoVel-v1, here CartPole-v1 through the
 # config's KeepObservation wrapper) against sb3-contrib's RecurrentPPO with the RL Zoo's
@@ -110,7 +122,7 @@ RECURRENT_PPO = {"n_envs": 8, "n_steps": 32, "batch_size": 256, "gae_lambda": 0.
                  "normalize": {"norm_obs": True, "norm_reward": False}, "policy": "MlpLstmPolicy",
                  "policy_kwargs": {"ortho_init": False, "activation_fn": "ReLU", "lstm_hidden_size": 64,
                                    "enable_critic_lstm": True, "net_arch": {"pi": [64], "vf": [64]}}}
-TASKS["novel"] = Task("CartPoleNoVel", "configs/cartpole_novel.yaml", 450.0, (1, 2, 3), ppo=RECURRENT_PPO,
+TASKS["novel"] = Task("CartPoleNoVel", "configs/cartpole_novel.yaml", None, (1, 2, 3), ppo=RECURRENT_PPO,
                       suite=False)
 # MuJoCo locomotion (configs/mujoco.yaml serves the family) against SB3 PPO with the RL
 # Zoo's tuned hyperparameters (hyperparams/ppo.yml, Hopper-v3 and Walker2d-v3, the -v5
@@ -141,7 +153,7 @@ CHEETAH_PPO = {**ZOO_MUJOCO, "batch_size": 64, "gamma": 0.98, "learning_rate": 2
                "policy_kwargs": {"log_std_init": -2, "ortho_init": False, "activation_fn": "ReLU",
                                  "net_arch": {"pi": [256, 256], "vf": [256, 256]}}}
 MUJOCO = {"budget": 1_000_000, "requires": "mujoco", "extra": "mujoco", "suite": False, "family": True}
-TASKS["hopper"] = Task("Hopper-v5", "configs/mujoco.yaml", 1000.0, (1, 2, 3), ppo=HOPPER_PPO, **MUJOCO)
+TASKS["hopper"] = Task("Hopper-v5", "configs/mujoco.yaml", None, (1, 2, 3), ppo=HOPPER_PPO, **MUJOCO)
 TASKS["walker"] = Task("Walker2d-v5", "configs/mujoco.yaml", 1000.0, (1, 2, 3), ppo=WALKER_PPO, **MUJOCO)
 TASKS["ant"] = Task("Ant-v5", "configs/mujoco.yaml", 2000.0, (1, 2, 3), ppo=ANT_PPO, **MUJOCO)
 TASKS["cheetah"] = Task("HalfCheetah-v5", "configs/mujoco.yaml", 3000.0, (1, 2, 3), ppo=CHEETAH_PPO, **MUJOCO)
@@ -302,9 +314,10 @@ STABILITY_VARIANTS = {
     "no-ent": {"learners__ent_coef": 0.0},
 }
 # LunarLander at a constant rate (the bar), with one of the changes above each; each fell
-# below 200 (docs/benchmarks.md), own-value-torso least (183-195 on 3 seeds). ent-0.01,
-# the zoo's: a policy kept from near-certainty has no rare actions whose probabilities
-# swing (at a constant rate the learner keeps 18 % of its samples outside the clip).
+# below 200 (docs/notes/2026-12-02-ten-times-the-budget.md), own-value-torso least
+# (183-195 on 3 seeds). ent-0.01, the zoo's: a policy kept from near-certainty has no rare
+# actions whose probabilities swing (at a constant rate the learner keeps 18 % of its
+# samples outside the clip).
 # gamma-0.999, the zoo's: at 0.99 the +100 for coming to rest, hundreds of steps ahead of
 # a lander that hovers, is worth little more than hovering. minibatches-2: four times the
 # samples per gradient step (256 env steps of the defaults' batches of 512). no-obs-norm:
@@ -355,7 +368,7 @@ STABILITY_VARIANTS = {
 # 1.97 M) and updates of 512 env steps (default-update: 0 of 2 landed in 2 M). Then the
 # clip centred on an average of the policy (prox-0.999), against the one fall of the
 # recipe's 20 M run: 3 seeds of 3 held 20 M steps once past their first crossing, landing
-# later; configs/lunarlander.yaml since. The results are in docs/benchmarks.md ("Ten
+# later; configs/lunarlander.yaml since. The results are in docs/notes/2026-12-02-ten-times-the-budget.md ("Ten
 # times the budget").
 SLOW_POLICY = {"optim__lr": 3e-4, "optim__value_lr": 1e-3}
 
@@ -435,7 +448,7 @@ STABILITY_VARIANTS |= {"constant-lr-" + "-".join(names): _constant_rate(*names) 
 # waiting, up to `ratio` replayed per fresh. The variants were measured on top of the
 # config as it was before two passes, replay, the bound penalty, an initial std of 0.61
 # and layer normalization became its settings, so each starts from that config
-# (FOUR_PASSES) to keep docs/benchmarks.md's commands reproducing its figures.
+# (FOUR_PASSES) to keep the notes' commands (docs/notes/2026-11-27-mujoco.md) reproducing its figures.
 NO_LAYER_NORM = {"model__layer_norm": False}
 FOUR_PASSES = {"learners__epochs": 4, "replay__ratio": 0.0, "learners__bound_coef": 0.0,
                "model__log_std_init": 0.0, **NO_LAYER_NORM}
@@ -710,6 +723,35 @@ def budget_of(task: Task) -> int:
     return task.budget or load_config(ROOT / task.config).total_timesteps
 
 
+def write_curve(folder: Path, name: str, task: Task, method: str, seed: int, budget: int,
+                result: Result) -> None:
+    """--curves: one run's learning curve as JSON, for scripts/plot_results.py: the last-100
+    mean against env steps and wall seconds from launch, a point at most every 1 % of the
+    budget (and the last one), with what the run was."""
+    import json
+    import subprocess
+
+    points, last = [], None
+    for i, (seconds, steps, mean) in enumerate(result.curve):
+        if last is None or steps - last >= budget / 100 or i == len(result.curve) - 1:
+            points.append((seconds, steps, mean))
+            last = steps
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10, check=False).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        commit = "unknown"
+    final = result.final
+    curve = {"task": name, "env_id": task.env_id, "method": method, "seed": seed,
+             "threshold": task.threshold, "budget": budget, "commit": commit,
+             "env_steps": [steps for _, steps, _ in points],
+             "wall_s": [round(seconds, 3) for seconds, _, _ in points],
+             "mean_return": [round(mean, 3) for _, _, mean in points],
+             "final": None if np.isnan(final) else final, "steps": result.steps, "wall": result.wall}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}-{method}-seed{seed}.json").write_text(json.dumps(curve) + "\n")
+
+
 def fmt_hit(hit: tuple[float, int] | None) -> str:
     """(wall s, env steps) when a run reached a mean, or never."""
     return f"{hit[0]:6.1f} s {hit[1]:8d} steps" if hit else f"{'never':>6}   {'':8}      "
@@ -737,6 +779,8 @@ def main() -> None:
     parser.add_argument("--marks", type=float, nargs="+",
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
+    parser.add_argument("--curves", metavar="DIR",
+                        help="write each run's learning curve to DIR as JSON (scripts/plot_results.py draws them)")
     args = parser.parse_args()
     exit_on_sigterm()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
@@ -776,6 +820,8 @@ def main() -> None:
                      else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
                                   defaults=method == DEFAULTS, seconds=seconds))
                 table.setdefault((name, method), []).append(r)
+                if args.curves:
+                    write_curve(Path(args.curves), name, task, method, seed, budget, r)
                 extra = "".join(f", {k} {v:.3g}" for k, v in r.extra.items())
                 if task.family:
                     extra += "; at " + ", ".join(f"{m} min {r.at(60 * m):.0f}" for m in MINUTES) + \
