@@ -30,7 +30,6 @@ that begin an episode, where the state is reset first.
 """
 from __future__ import annotations
 
-import functools
 from typing import Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -41,7 +40,7 @@ from torch.distributions import Distribution
 from ..envs.spaces import Obs, check_action_space, is_composite, leaves, tree_map
 from .heads import head_for
 from .normalize import LeafNorms, ObservationNorm, PopArt
-from .torsos import MultiInputTorso, chw, cnn_torso, encode, is_image, mlp_torso, orthogonal, vector_dim
+from .torsos import encode, orthogonal, torso_for
 
 __all__ = ["ActorCritic"]
 
@@ -104,30 +103,10 @@ class ActorCritic(nn.Module):
         leaves(observation_space)  # refuses spaces of no fixed size, in one line
         self.observation_space, self.action_space = observation_space, action_space
         self._composite = is_composite(observation_space)
-        # make_torso() builds a fresh torso: the policy's, and the value's own if it has one.
-        if self._composite:
-            make_torso = functools.partial(MultiInputTorso, observation_space, cnn, cnn_arch, hidden_sizes,
-                                           activation, layer_norm)
-            self.torso = make_torso()
-            feature_dim, self.uses_cnn = self.torso.out_dim, bool(self.torso.images)
-            vectors = {path: tuple(space.shape) for path, space in leaves(observation_space)
-                       if isinstance(space, gym.spaces.Box) and path not in self.torso.images}
-            self.obs_norm = LeafNorms(vectors) if normalize_obs and vectors else None
-        else:
-            image = is_image(observation_space)
-            if cnn and not image:
-                raise ValueError(
-                    "the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
-                    f"[H, W, C]), got {observation_space}")
-            self.uses_cnn = image if cnn is None else bool(cnn)
-            make_with_dim = functools.partial(cnn_torso, chw(observation_space.shape)[0], cnn_arch) \
-                if self.uses_cnn else functools.partial(mlp_torso, vector_dim(observation_space),
-                                                        hidden_sizes, activation, layer_norm)
-            self.torso, feature_dim = make_with_dim()
-            make_torso = lambda: make_with_dim()[0]  # noqa: E731
-            box = isinstance(observation_space, gym.spaces.Box)
-            self.obs_norm = ObservationNorm(observation_space.shape) \
-                if normalize_obs and box and not self.uses_cnn else None
+        # make_torso() builds a fresh torso: the value's own, if it has one.
+        self.torso, make_torso, feature_dim, self.uses_cnn = torso_for(
+            observation_space, cnn, cnn_arch, hidden_sizes, activation, layer_norm)
+        self.obs_norm = self._observation_norm() if normalize_obs else None
 
         # The head (heads.py) says what the policy layer's outputs mean. A Gaussian's
         # learned log-std is made now and registered last, after the value head, where
@@ -153,6 +132,16 @@ class ActorCritic(nn.Module):
         elif gaussian:
             with torch.no_grad():  # the log-std half of the head's output starts there
                 self.policy_head.bias[self.head.dim:] = float(log_std_init)
+
+    def _observation_norm(self) -> LeafNorms | ObservationNorm | None:
+        """The running normalization of the observations that are vectors (a Box's, or a
+        Dict's Box leaves not read by a CNN): images and one-hot inputs are scaled already."""
+        space = self.observation_space
+        if self._composite:
+            vectors = {path: tuple(leaf.shape) for path, leaf in leaves(space)
+                       if isinstance(leaf, gym.spaces.Box) and path not in self.torso.images}
+            return LeafNorms(vectors) if vectors else None
+        return ObservationNorm(space.shape) if isinstance(space, gym.spaces.Box) and not self.uses_cnn else None
 
     @property
     def popart(self) -> Optional[PopArt]:

@@ -7,7 +7,9 @@
 """
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -16,11 +18,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..envs.spaces import leaves
+from ..envs.spaces import is_composite, leaves
 from .normalize import _module_name
 
 __all__ = ["MultiInputTorso", "chw", "cnn_arch_for", "cnn_torso", "encode", "is_image", "mlp_torso",
-           "orthogonal", "vector_dim"]
+           "orthogonal", "torso_for", "vector_dim"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -155,3 +157,24 @@ class MultiInputTorso(nn.Module):
                  if path in self.images else encode(obs[path], space, False)
                  for path, space in self.leaves]
         return self.mlp(torch.cat(parts, dim=-1))
+
+
+def torso_for(space: gym.Space, cnn: Optional[bool], cnn_arch: str, hidden_sizes: Sequence[int],
+              activation: str, layer_norm: bool = False
+              ) -> Tuple[nn.Module, Callable[[], nn.Module], int, bool]:
+    """(a torso for observations of `space`, a function that builds another like it, its
+    output size, whether it runs a CNN): the multi-input torso for a Dict or Tuple, a CNN
+    for an image (`cnn` None: whenever the space is one), else the MLP."""
+    if is_composite(space):
+        make = functools.partial(MultiInputTorso, space, cnn, cnn_arch, hidden_sizes, activation, layer_norm)
+        torso = make()
+        return torso, make, torso.out_dim, bool(torso.images)
+    image = is_image(space)
+    if cnn and not image:
+        raise ValueError("the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
+                         f"[H, W, C]), got {space}")
+    uses_cnn = image if cnn is None else bool(cnn)
+    make_with_dim = functools.partial(cnn_torso, chw(space.shape)[0], cnn_arch) if uses_cnn else \
+        functools.partial(mlp_torso, vector_dim(space), hidden_sizes, activation, layer_norm)
+    torso, dim = make_with_dim()
+    return torso, lambda: make_with_dim()[0], dim, uses_cnn
