@@ -84,7 +84,6 @@ class A3C:
         self.env_factory = env
         self.model = model if model is not None else build_default_model(self.config, env)
         check_learner_settings(self.config, self.model)  # settings this model cannot take
-        probe_env(self.config, env)  # one reset and step: an environment on gym's old API
         self._state: dict | None = None  # optimizer state and counters after learn()
         # The run's folder: the latest learn()'s, or after A3C.resume the one it goes on in.
         self.run_dir: Path | None = None
@@ -125,6 +124,7 @@ class A3C:
             from .actors.cluster import check_cluster
 
             check_cluster(cfg.ray)  # Ray installed, its cluster reachable: before any folder
+        probe_env(cfg, self.env_factory)  # one reset and step: an environment on gym's old API
         if run_dir is not None:
             self.run_dir = Path(run_dir)
         elif not resume:

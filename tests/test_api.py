@@ -8,8 +8,7 @@ import torch
 
 from a3c import A3C
 from a3c.api import evaluate
-from a3c.checkpoint import CheckpointError
-from a3c.checkpoint import config_here
+from a3c.checkpoint import CheckpointError, config_here
 from a3c.config import ConfigError
 from a3c.metrics import MemorySink
 from a3c.trainer import Trainer
@@ -251,3 +250,18 @@ def test_predict_keeps_continuous_actions_within_the_action_bounds(tmp_path):
     actions, _ = agent.predict(np.zeros((256, 3), np.float32), deterministic=False)
     assert actions.min() >= -2.0 and actions.max() <= 2.0
 
+
+
+def test_run_files_are_written_with_the_umasks_mode_not_mkstemps(agent, tmp_path):
+    agent.save(tmp_path / "saved.pt")
+    mode = (tmp_path / "saved.pt").stat().st_mode & 0o777
+    assert mode == 0o666 & ~umask_of_this_process(), oct(mode)
+    assert (agent.run_dir / "config.yaml").stat().st_mode & 0o777 == mode
+
+
+def umask_of_this_process() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

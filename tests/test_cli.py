@@ -21,8 +21,7 @@ import pytest
 import torch
 import yaml
 
-from a3c import A3C as Agent
-from a3c import cli, trainer as training
+from a3c import A3C as Agent, cli, trainer as training
 from a3c.checkpoint import CheckpointError
 from a3c.config import load_config
 from a3c.files import write_atomically
@@ -578,3 +577,18 @@ def test_the_end_of_a_run_says_why_it_stopped_with_enough_digits(tmp_path):
     (line,) = [line for line in result.stdout.splitlines() if line.startswith("done:")]
     assert line.endswith("(reached target_return 9.5)")
     assert int(line.split()[1]) < 200000
+
+
+def test_a_run_folder_saved_before_the_package_moved_evaluates_resumes_and_records_video(tmp_path):
+    """tests/data/run-saved-before-the-move: 2000 steps of CartPole trained by the flat
+    package (a3c/model.py, a3c/learner.py, ...) before it moved into role folders."""
+    run_dir = Path(shutil.copytree(ROOT / "tests" / "data" / "run-saved-before-the-move", tmp_path / "run"))
+    result = a3c("eval", run_dir, "--episodes", "2")
+    assert result.returncode == 0 and result.stdout.startswith("2 episodes: mean return"), result.stderr
+    result = a3c("train", "--resume", run_dir, "total_timesteps=3000", "logging.progress=false")
+    assert result.returncode == 0, result.stderr
+    assert counters(run_dir)["env_steps"] >= 3000
+    pytest.importorskip("av", reason="a video needs the 'video' extra")
+    result = a3c("eval", run_dir, "--episodes", "1", "--video", tmp_path / "old.mp4")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "old.mp4").stat().st_size > 0

@@ -319,3 +319,9 @@ def test_a_run_whose_environment_is_overridden_is_named_after_it():
     assert load_config("cartpole", ["env.id=my_envs:Corridor-v0"]).name == "Corridor-v0"
     assert load_config("cartpole", ["env.id=ALE/Pong-v5", "name=mine"]).name == "mine"
     assert load_config("cartpole", ["optim.lr=1e-3"]).name == "cartpole"
+
+
+def test_a_suggested_id_keeps_the_module_that_registers_it():
+    (p,) = problems({"env": {"id": "envs_for_tests:TestCoridor-v0"}})
+    assert p.startswith("env.id: 'envs_for_tests:TestCoridor-v0' is not a registered gymnasium environment")
+    assert "did you mean 'envs_for_tests:TestCorridor-v0'" in p

@@ -1,7 +1,7 @@
 """The checks a run makes once, before any run folder is written, of what a config names
 outside itself: the environment's modules, entry point, wrappers and id (imported and
 looked up, so that a typo is reported with the rest and not by every actor), the learner
-device, and the queue's room for the local actors; and, once the model is built, one
+device, and the queue's room for the local actors; and, as a run starts, one
 environment made and stepped once (`probe_env`), so that one on gymnasium's old API is
 named in one line, not by every actor in turn. `a3c.config` checks only the config's own
 values and imports none of these.
@@ -36,9 +36,9 @@ def preflight(cfg: Config, env_factory: Callable | None = None) -> None:
 
 
 def probe_env(cfg: Config, env_factory: Callable | None = None) -> None:
-    """One environment of the run, made, reset and stepped once (after the model is built
-    from its spaces, whose problems come first), or an EnvError saying in one line what it
-    returned that gymnasium's API (0.26 and later) does not."""
+    """One environment of the run, made, reset and stepped once as a run starts (after the
+    model is built from its spaces, whose problems come first), or an EnvError saying in
+    one line what it returned that gymnasium's API (0.26 and later) does not."""
     env = make_env(cfg.env, env_factory=env_factory)
     try:
         probe(env, f"env.id {cfg.env.id!r}")
