@@ -58,8 +58,10 @@ def no_shared_memory_left():
     """Every test leaves no shared memory of this process behind."""
     before = own_segments()
     yield
-    gc.collect()
     left = own_segments() - before
+    if left:  # a collection releases what only garbage held; it costs a tenth of a second
+        gc.collect()
+        left = own_segments() - before
     assert not left, f"shared memory left behind: {sorted(left)}"
 
 
@@ -210,3 +212,19 @@ def hold(episodes, threshold) -> Hold | None:
         return None
     lowest_at, lowest = min(curve[first:], key=lambda point: point[1])
     return Hold(curve[first][0], lowest, lowest_at, curve[-1][1])
+
+
+# The modules whose tests run the command line, start a Ray cluster, build and run the
+# native stress harness, or kill and restart processes: a second or more each. They are
+# marked `system`, so that `-m "not slow and not learning and not system"` is the fast
+# selection for development.
+SYSTEM_MODULES = {"test_atari", "test_bench_train", "test_cli", "test_dying_consumer", "test_dying_producer",
+                  "test_dying_writer", "test_example_apex", "test_learner_processes", "test_lunarlander",
+                  "test_mujoco", "test_native_stress", "test_orphaned_actors", "test_ray", "test_readme",
+                  "test_shm_leaks", "test_signals", "test_spaces_end_to_end", "test_video"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.stem in SYSTEM_MODULES:
+            item.add_marker(pytest.mark.system)
