@@ -152,9 +152,9 @@ class A3C:
         """Action(s) for one observation or a batch; returns (action, state) as SB3 (and
         sb3-contrib's RecurrentPPO) does. `deterministic` is True by default, where SB3's
         is False: a trained policy is used for what it does best, as `a3c eval` plays it;
-        pass False to sample from the policy, as the actors do while training. Observations of a Dict or Tuple space come as
-        the environment returns them (a batch: each leaf stacked, as a vector environment
-        returns them).
+        pass False to sample from the policy, as the actors do while training.
+        Observations of a Dict or Tuple space come as the environment returns them (a
+        batch: each leaf stacked, as a vector environment returns them).
 
         A recurrent model (`model.lstm`) reads each observation from `state` (None: the
         start of an episode) and returns the state to pass with the next observation;

@@ -70,7 +70,8 @@ def config_here(saved: Mapping[str, Any]) -> dict[str, Any]:
     """A checkpoint's config dict with a learner device this host has: a run trained on a
     GPU (or on cuda:N) evaluates and resumes on a host without it, its learner on the CPU."""
     device = str(saved.get("learners", {}).get("device", "cpu"))
-    if re.fullmatch(r"cuda(:\d+)?", device) and not device_available(device):  # a malformed one stays, to be reported
+    # A malformed device stays as it is, for the config's validation to report.
+    if re.fullmatch(r"cuda(:\d+)?", device) and not device_available(device):
         return apply_overrides(saved, {"learners.device": "cpu"})
     return dict(saved)
 

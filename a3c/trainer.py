@@ -131,7 +131,8 @@ class Trainer:
         self._actors: list = []
         self.learners = Learners(threading.Event(), [])  # none until train() starts them
         self._restarts = [0] * cfg.actors.num
-        self._ray = self._pump = None  # with actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump
+        # With actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump.
+        self._ray = self._pump = None
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
         self.rounds: Counters | None = None  # with actors.sync: a3c.actors.local.sync_rounds
         # Made by train(): the fragment and episode queues, the replay buffer (with

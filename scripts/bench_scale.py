@@ -105,7 +105,7 @@ def learner_updates_per_s(task: str, mode: str, num: int, seconds: float, warmup
         except Closed:
             pass
 
-    # Learner processes start as a run's do (runner._learner_context); then the feeder starts.
+    # Learner processes start as a run's do (a3c.procs.learner_context); then the feeder starts.
     learners = start_learners(cfg, model, optimizer, fragments, counters, steps, None,
                               _learner_context(),
                               DeviceCopy(cfg, model, optimizer) if on_gpu else None)

@@ -2,9 +2,9 @@
 SB3 PPO can be compared with this trainer on the same network (scripts/bench_train.py).
 
 Young and Tian 2019 (arXiv:1903.03176): one 3x3 convolution of 16 filters, stride 1, on
-the 10x10xC grid, then a dense layer of 128, ReLU after each: the torso a3c/model.py gives
-images smaller than 36x36. Pass `net_arch=[]` with it, so that the policy and value heads
-sit on its 128 features, shared, as this trainer's do.
+the 10x10xC grid, then a dense layer of 128, ReLU after each: the torso that
+a3c/models/torsos.py gives images smaller than 36x36. Pass `net_arch=[]` with it, so that
+the policy and value heads sit on its 128 features, shared, as this trainer's do.
 
     PPO("MlpPolicy", env, policy_kwargs=dict(features_extractor_class=MinAtarCNN, net_arch=[]))
 """

@@ -342,7 +342,7 @@ def test_a_run_loaded_with_another_factory_refuses_to_train_before_any_run_folde
 
 def test_a_factory_reaches_actor_processes_started_and_restarted_from_the_fork_server(tmp_path):
     cfg = load_config(config({}), {"actors.mode": "process", "total_timesteps": 4000})
-    # Trained from a second thread, the runner starts even the first actor from the fork
+    # Trained from a second thread, the trainer starts even the first actor from the fork
     # server, which receives the factory pickled; the kill below makes it start another.
     trainer = Trainer(cfg, tmp_path / "run", sink=MemorySink(),
                       env_factory=functools.partial(Corridor, length=6))
@@ -389,7 +389,7 @@ def test_an_unpicklable_factory_with_actor_processes_is_one_clear_error_before_a
     assert "define it at module level" in message and "functools.partial" in message
     assert "actors.mode=thread" in message
     assert not (tmp_path / "runs").exists()
-    with pytest.raises(EnvError, match=what):  # the runner refuses it too
+    with pytest.raises(EnvError, match=what):  # the trainer refuses it too
         Trainer(load_config(config({}), {"actors.mode": "process"}), tmp_path / "run", env_factory=factory)
     assert not (tmp_path / "run").exists()
     # Actor threads receive the factory as it is.

@@ -43,7 +43,7 @@ def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int
                    state_size: int = 0) -> np.dtype:
     """The structured dtype of one fragment of T steps. Observations keep their space's
     dtype (uint8 and bool images stay compact); a Dict or Tuple observation is a
-    structured field with one sub-field per leaf (a3c.spaces). `state_size` > 0 (a
+    structured field with one sub-field per leaf (a3c.envs.spaces). `state_size` > 0 (a
     recurrent policy's) adds the `state` field."""
     obs_type, obs_shape = obs_record(observation_space)
     action_type, action_shape = action_record(action_space)

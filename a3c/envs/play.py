@@ -27,7 +27,7 @@ def evaluate(model: torch.nn.Module, cfg: Config, episodes: int, seed: int = 0,
 
 def play(model: torch.nn.Module, env: gym.Env, episodes: int, seed: int = 0,
          deterministic: bool = True, on_state: Callable[[gym.Env], None] | None = None) -> np.ndarray:
-    """The episode loop of `evaluate` (and of `a3c.video`): returns of `episodes` episodes,
+    """The episode loop of `evaluate` (and of `a3c.envs.video`): returns of `episodes` episodes,
     the i-th reset with `seed + i`. `on_state(env)` is called after every reset and every
     step, e.g. to render a frame."""
     returns = []

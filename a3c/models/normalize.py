@@ -119,7 +119,7 @@ class PopArt(nn.Linear):
 
 class LeafNorms(nn.Module):
     """An `ObservationNorm` for each named leaf of a dict observation (Dict and Tuple
-    spaces, see a3c.spaces); the other leaves pass through unchanged."""
+    spaces, see a3c.envs.spaces); the other leaves pass through unchanged."""
 
     def __init__(self, shapes: dict[str, tuple[int, ...]]):
         super().__init__()
