@@ -75,10 +75,10 @@ def _train(args) -> None:
         agent.learn(on_start=lambda run_dir: print(f"run folder: {run_dir}  (tensorboard --logdir "
                                                    f"{run_dir.parent})", file=sys.stderr))
     except KeyboardInterrupt:
-        if agent.run_dir is None:
-            raise  # before any run folder: nothing to tell
-        checkpoint = latest_checkpoint(agent.run_dir)
-        if agent.final_checkpoint:
+        checkpoint = None if agent.run_dir is None else latest_checkpoint(agent.run_dir)
+        if checkpoint is None:
+            where = "no run folder written"
+        elif agent.final_checkpoint:
             where = f"checkpoint written to {checkpoint}"
         elif checkpoint.exists():  # a resumed run's, or one written on the way, before the stop
             where = f"no final checkpoint; {checkpoint} is the last one written"
