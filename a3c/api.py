@@ -27,7 +27,7 @@ import torch
 from .checkpoint import (check_compatible, config_here, latest_checkpoint, load_checkpoint,
                          load_state, save_checkpoint)
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
-from .envs import env_action, factory_name
+from .envs import env_action, factory_keywords, factory_name
 from .envs.play import evaluate
 from .envs.preflight import preflight, probe_env
 from .envs.spaces import as_batch, batch_size, obs_to_torch
@@ -67,7 +67,9 @@ class A3C:
     `env.id` and `env.entry_point`, which then only name the environment;
     `env.max_episode_steps`, `env.atari` and `env.wrappers` still apply to what it returns.
     With actor processes it must pickle. A config cannot hold it: the run's config records
-    its name as `env.factory`, and `A3C.load` of such a run needs `env=` again.
+    its name as `env.factory` (and a `functools.partial`'s keyword arguments in
+    `env.kwargs`), and `A3C.load` of such a run needs `env=` again, as `a3c eval` needs
+    `--env module:name`.
 
     A run whose environment the overrides (or `env`) change, and not its name, is named
     after the environment: `A3C("cartpole", env__id="Acrobot-v1")` makes `runs/Acrobot-v1-...`.
@@ -80,6 +82,10 @@ class A3C:
         if env is not None:
             items["env.factory"] = factory_name(env)
         self.config = load_config(config, items)
+        keywords = factory_keywords(env) if env is not None else {}
+        if keywords:  # a partial's arguments, recorded with the run
+            items["env.kwargs"] = {**keywords, **self.config.env.kwargs}
+            self.config = load_config(config, items)
         preflight(self.config, env)  # what the config names: before any model or run folder
         self.env_factory = env
         self.model = model if model is not None else build_default_model(self.config, env)

@@ -31,6 +31,23 @@ def _count(least: int):
     return parse
 
 
+_ENV_HELP = ("a function or class that makes the environment, as A3C(config, env=...) takes it; "
+             "a run trained with one needs it again")
+
+
+def _factory(args):
+    """The environment factory `--env` names, or None."""
+    from .envs import load_object
+    from .envs.sources import EnvError
+
+    if args.env is None:
+        return None
+    try:
+        return load_object(args.env)
+    except EnvError as error:
+        raise EnvError(f"--env: {error}") from None
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="a3c", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -39,6 +56,7 @@ def _parser() -> argparse.ArgumentParser:
                                                  "YAML file")
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 actors.num=4")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    train.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
     evaluate = commands.add_parser("eval", help="play a trained run's greedy policy")
     evaluate.add_argument("run_dir", help="a run folder (runs/<name>-<time>) or a checkpoint file")
     evaluate.add_argument("--episodes", type=_count(1), default=10, help="episodes to play (default: 10)")
@@ -47,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--stochastic", action="store_true", help="sample instead of the greedy action")
     evaluate.add_argument("--video", metavar="FILE.mp4",
                           help="also record the episodes to an MP4 file (needs the 'video' extra)")
+    evaluate.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
     show = commands.add_parser("config", help="print a config as a run would use it, each field with its help")
     show.add_argument("config", help="a shipped config's name (cartpole, acrobot, ...) or a YAML file")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 actors.num=4")
@@ -65,12 +84,13 @@ def _train(args) -> None:
         if args.config and "=" not in args.config:
             raise ConfigError([f"{args.config}: a resumed run trains on with its own config.yaml; "
                                "give only overrides (key=value), or start a new run without --resume"])
-        agent = A3C.resume(args.resume, ([args.config] if args.config else []) + args.overrides)
+        agent = A3C.resume(args.resume, ([args.config] if args.config else []) + args.overrides,
+                           env=_factory(args))
     else:
         if not args.config:
             raise ConfigError(["a config is needed: a3c train cartpole (a shipped config's name) or "
                                "a3c train my_config.yaml"])
-        agent = A3C(load_config(args.config, args.overrides))
+        agent = A3C(load_config(args.config, args.overrides), env=_factory(args))
     try:
         agent.learn(on_start=lambda run_dir: print(f"run folder: {run_dir}  (tensorboard --logdir "
                                                    f"{run_dir.parent})", file=sys.stderr))
@@ -113,18 +133,18 @@ def _eval(args) -> None:
     from .api import A3C, evaluate
     from .envs.video import record_video
 
-    agent = A3C.load(args.run_dir)
+    agent = A3C.load(args.run_dir, env=_factory(args))
     if args.video:
         # rgb_array frames are drawn off screen; SDL's dummy display keeps pygame (the
         # classic-control tasks) from probing for a real one, which prints an "error:" line
         # on a machine without one.
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         returns = record_video(agent.model, agent.config, args.video, args.episodes, args.seed,
-                               deterministic=not args.stochastic)
+                               deterministic=not args.stochastic, env=agent.env_factory)
         print(f"video written to {args.video}", file=sys.stderr)
     else:
         returns = evaluate(agent.model, agent.config, args.episodes, args.seed,
-                           deterministic=not args.stochastic)
+                           deterministic=not args.stochastic, env=agent.env_factory)
     print(f"{len(returns)} episodes: mean return {returns.mean():.2f} +- {returns.std():.2f} "
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 

@@ -315,6 +315,21 @@ def test_a_factory_makes_every_environment_and_a_loaded_agent_needs_it_again(tmp
     assert line.startswith("error: env.factory: this run's environment came from the Python callable")
 
 
+def test_a_factory_run_records_its_partials_arguments_and_the_command_line_takes_the_factory(tmp_path):
+    agent = A3C(config({"max_episode_steps": 12}, tmp_path / "runs"), env=functools.partial(Corridor, length=6))
+    agent.learn(600, sink=MemorySink())
+    saved = yaml.safe_load((agent.run_dir / "config.yaml").read_text())["env"]
+    assert saved["factory"] == "envs_for_tests:Corridor" and saved["kwargs"] == {"length": 6}
+    result = a3c("eval", agent.run_dir, "--episodes", "2", "--env", "envs_for_tests:Corridor")
+    assert result.returncode == 0 and result.stdout.startswith("2 episodes: mean return"), result.stderr
+    result = a3c("train", "--resume", agent.run_dir, "total_timesteps=1200", "--env", "envs_for_tests:Corridor")
+    assert result.returncode == 0, result.stderr
+    result = a3c("eval", agent.run_dir, "--env", "envs_for_tests:Coridor")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    (line,) = result.stderr.strip().splitlines()
+    assert line == "error: --env: envs_for_tests has no attribute 'Coridor'; did you mean 'Corridor'?"
+
+
 @pytest.mark.parametrize("trained_with, then, fix", [
     ("factory", "'envs_for_tests:Corridor'", "pass the callable it was trained with: "
                                               "A3C.load(path, env=envs_for_tests:Corridor)"),

@@ -9,8 +9,8 @@ their observations and actions are stored, and the episodes a policy plays in th
     play.py       the episode loop of evaluate and video
     video.py      a3c eval --video
 """
-from .sources import (EnvError, check_env_factory, env_action, factory_name, import_env_module, load_object,
-                      make_env, make_vector_env, wrapper_spec)
+from .sources import (EnvError, check_env_factory, env_action, factory_keywords, factory_name, import_env_module,
+                      load_object, make_env, make_vector_env, wrapper_spec)
 
-__all__ = ["EnvError", "check_env_factory", "env_action", "factory_name", "import_env_module", "load_object",
-           "make_env", "make_vector_env", "wrapper_spec"]
+__all__ = ["EnvError", "check_env_factory", "env_action", "factory_keywords", "factory_name", "import_env_module",
+           "load_object", "make_env", "make_vector_env", "wrapper_spec"]

@@ -120,6 +120,17 @@ def wrapper_spec(item: Any) -> tuple[str, dict[str, Any]]:
                    f"module:Wrapper to its keyword arguments")
 
 
+def factory_keywords(env_factory: Callable) -> dict[str, Any]:
+    """The keyword arguments a functools.partial binds (nested ones merged), which a run's
+    config records in env.kwargs: called with them, the function the partial wraps makes
+    the same environment, so the command line can make it from `module:name` alone."""
+    keywords: dict[str, Any] = {}
+    while isinstance(env_factory, functools.partial):
+        keywords = {**env_factory.keywords, **keywords}
+        env_factory = env_factory.func
+    return keywords
+
+
 def factory_name(env_factory: Callable) -> str:
     """`module:qualname` of a factory (of the function a functools.partial wraps)."""
     while isinstance(env_factory, functools.partial):
@@ -157,7 +168,8 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None,
             raise EnvError(
                 f"env.factory: this run's environment came from the Python callable {cfg.factory} "
                 f"(A3C(config, env=...)), which a config cannot hold; pass it again: "
-                f"A3C.load(path, env=...), or describe the environment with env.entry_point")
+                f"A3C.load(path, env=...), or on the command line --env {cfg.factory}, or describe "
+                f"the environment with env.entry_point")
         env = _call(f"env factory {factory_name(env_factory)}", env_factory, cfg, render_mode)
     elif cfg.entry_point is not None:
         entry_point = _named("env.entry_point", load_object, cfg.entry_point)
