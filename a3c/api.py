@@ -82,10 +82,9 @@ class A3C:
         if env is not None:
             items["env.factory"] = factory_name(env)
         self.config = load_config(config, items)
-        keywords = factory_keywords(env) if env is not None else {}
-        if keywords:  # a partial's arguments, recorded with the run
-            items["env.kwargs"] = {**keywords, **self.config.env.kwargs}
-            self.config = load_config(config, items)
+        if env is not None:  # a partial's arguments, recorded with the run
+            kwargs = {**factory_keywords(env), **self.config.env.kwargs}
+            self.config = dataclasses.replace(self.config, env=dataclasses.replace(self.config.env, kwargs=kwargs))
         preflight(self.config, env)  # what the config names: before any model or run folder
         self.env_factory = env
         self.model = model if model is not None else build_default_model(self.config, env)

@@ -92,12 +92,6 @@ def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
         raise ConfigError(problems)
 
 
-
-
-
-
-
-
 class Trainer:
     """One training run. `state` is a checkpoint dict to continue from; `env_factory`, when
     given, makes every environment (A3C(config, env=...))."""
@@ -253,7 +247,7 @@ class Trainer:
                                      name=f"a3c-actor-{i}", daemon=True)
         else:
             actor = worker_context().Process(target=run_actor, args=(*args, True), kwargs=kwargs,
-                                       name=f"a3c-actor-{i}", daemon=True)
+                                             name=f"a3c-actor-{i}", daemon=True)
         actor.start()
         return actor
 
@@ -307,11 +301,3 @@ class Trainer:
     def proximal_state(self) -> dict | None:
         """The proximal average's weights as a checkpoint holds them (None: none)."""
         return None if self.average is None else self.average.state_dict()
-
-
-
-
-
-
-
-

@@ -12,6 +12,7 @@ import threading
 from typing import Any
 
 from ..config import Config, RayConfig
+from ..files import excerpt
 
 __all__ = ["ClusterError", "RayRuntime", "check_cluster", "import_ray"]
 
@@ -109,7 +110,7 @@ class RayRuntime:
         except Exception as error:  # ConnectionError, RuntimeError, ValueError: all say the same
             what = "start a Ray instance on this machine" if rc.address is None else \
                 f"join the Ray cluster at {rc.address}"
-            first = (str(error).strip().splitlines() or [""])[0][:200]
+            first = excerpt(error, 200)
             raise ClusterError(f"ray.address: could not {what} ({type(error).__name__}: {first}); "
                                f"check `ray status` there, and that its Ray version is "
                                f"{ray.__version__} as here") from None

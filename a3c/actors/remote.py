@@ -53,6 +53,7 @@ from replay import ArrayQueue, Closed, Counters
 
 from ..config import Config
 from ..envs import make_vector_env
+from ..files import excerpt
 from ..models.weights import clone_policy
 from ..procs import JOIN_TIMEOUT_S
 from .cluster import ClusterError, import_ray
@@ -162,7 +163,7 @@ class Pump(threading.Thread):
             self._model_ref = ray.put(model)
         except Exception as error:  # a model cloudpickle cannot take
             raise ClusterError(f"the model cannot be sent to remote actors ({type(error).__name__}: "
-                               f"{str(error)[:200]})") from None
+                               f"{excerpt(error, 200)})") from None
         self._actors: list = [None] * cfg.actors.num
         self._restarts = [0] * cfg.actors.num
         self._pending: dict[Any, _Call] = {}  # ObjectRef -> the call that will fill it

@@ -8,9 +8,8 @@
 Loading a config imports no environment, torch or queue: what a config names outside
 itself (environments, devices) is checked by a3c.envs.preflight when a run starts.
 """
-from .load import (apply_overrides, config_path, config_table, config_to_dict, load_config, save_config,
-                   shipped_configs)
-from .reference import describe
+from .load import apply_overrides, config_path, config_to_dict, load_config, save_config, shipped_configs
+from .reference import config_table, describe
 from .schema import (ActorsConfig, CheckpointConfig, Config, ConfigError, EnvConfig, LearnersConfig, LoggingConfig,
                      ModelConfig, OptimConfig, RayConfig, ReplayConfig, VTraceConfig, field_help)
 

@@ -1,5 +1,4 @@
-"""Configs in and out: YAML files and shipped configs by name, dotted overrides, saving,
-and the table TensorBoard shows."""
+"""Configs in and out: YAML files and shipped configs by name, dotted overrides, saving."""
 from __future__ import annotations
 
 import copy
@@ -14,9 +13,9 @@ import yaml
 
 from ..files import write_atomically
 from .rules import validate
-from .schema import Config, ConfigError, leaves
+from .schema import Config, ConfigError
 
-__all__ = ["apply_overrides", "config_table", "config_to_dict", "load_config", "save_config"]
+__all__ = ["apply_overrides", "config_path", "config_to_dict", "load_config", "save_config", "shipped_configs"]
 
 
 class _Loader(yaml.SafeLoader):
@@ -152,21 +151,18 @@ def load_config(source: str | os.PathLike | Mapping[str, Any] | Config,
     problems: list[str] = []
     items = dict(overrides) if isinstance(overrides, Mapping) else _parse_overrides(
         [overrides] if isinstance(overrides, str) else overrides, problems)
-    return validate(_named_after_env(_apply(data, items, problems), items), problems, name)
+    return _named_after_env(validate(_apply(data, items, problems), problems, name), items)
 
 
-def _named_after_env(data: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
-    """`data` named after its environment where the overrides change the environment and
+def _named_after_env(cfg: Config, overrides: Mapping[str, Any]) -> Config:
+    """`cfg` named after its environment where the overrides change the environment and
     not the name: a run of a user's environment from a shipped config is not named after
     the config's (`a3c train cartpole env.id=Acrobot-v1` makes runs/Acrobot-v1-...)."""
     if "name" in overrides or not {"env", "env.id", "env.entry_point", "env.factory"} & set(overrides):
-        return data
-    env = data.get("env")
-    named = env.get("id") or env.get("factory") or env.get("entry_point") if isinstance(env, Mapping) else None
-    if not isinstance(named, str):
-        return data  # left for validation to report
-    name = re.sub(r"[^\w.+-]+", "-", named.rpartition(":")[2].rpartition("/")[2]).strip(".-")
-    return {**data, "name": name} if name else data
+        return cfg
+    # env.id names the entry point or factory where no id is given (config.rules).
+    name = re.sub(r"[^\w.+-]+", "-", cfg.env.id.rpartition(":")[2].rpartition("/")[2]).strip(".-")
+    return dataclasses.replace(cfg, name=name) if name else cfg
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
@@ -178,19 +174,3 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write the config as YAML, atomically."""
     text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=None)
     write_atomically(path, lambda file: file.write(text.encode("utf-8")))
-
-
-def _flow(v: Any) -> str:
-    return yaml.safe_dump(v, default_flow_style=True, width=float("inf")).removesuffix("\n...\n").strip()
-
-
-def config_table(cfg: Config) -> str:
-    """Markdown table ``| key | value |``, one row per dotted leaf (for TensorBoard's text plugin)."""
-    flat = config_to_dict(cfg)
-    rows = []
-    for key, _, _ in leaves():
-        v: Any = flat
-        for part in key.split("."):
-            v = v[part]
-        rows.append(f"| {key} | {_flow(v).replace('|', chr(92) + '|')} |")
-    return "\n".join(["| key | value |", "|---|---|", *rows])

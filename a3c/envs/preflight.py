@@ -55,7 +55,8 @@ def probe(env: gym.Env, what: str) -> None:
     try:
         reset = env.reset(seed=0)
     except Exception as error:  # a user's reset may raise anything, gymnasium's checker too
-        raise EnvError(f"{what}: reset(seed=0) raised {type(error).__name__}: {excerpt(error)}{old_api}") from None
+        raise EnvError(f"{what}: reset(seed=0) raised {type(error).__name__}: {excerpt(error)}"
+                       f"{old_api}") from None
     if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict)):
         raise EnvError(f"{what}: reset() returned {_shape_of(reset)}, where gymnasium's API returns "
                        f"(observation, info){old_api}")

@@ -28,7 +28,7 @@ import numpy as np
 from ..config import EnvConfig
 from ..files import excerpt
 
-__all__ = ["EnvError", "check_env_factory", "env_action", "factory_name", "import_env_module",
+__all__ = ["EnvError", "check_env_factory", "env_action", "factory_keywords", "factory_name", "import_env_module",
            "load_object", "make_env", "make_vector_env", "wrapper_spec"]
 
 MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
@@ -120,22 +120,27 @@ def wrapper_spec(item: Any) -> tuple[str, dict[str, Any]]:
                    f"module:Wrapper to its keyword arguments")
 
 
-def factory_keywords(env_factory: Callable) -> dict[str, Any]:
-    """The keyword arguments a functools.partial binds (nested ones merged), which a run's
-    config records in env.kwargs: called with them, the function the partial wraps makes
-    the same environment, so the command line can make it from `module:name` alone."""
+def _unwrapped(env_factory: Callable) -> tuple[Callable, dict[str, Any]]:
+    """(the function a functools.partial wraps, the keyword arguments it binds, nested
+    partials' merged); a factory that is no partial, with none."""
     keywords: dict[str, Any] = {}
     while isinstance(env_factory, functools.partial):
         keywords = {**env_factory.keywords, **keywords}
         env_factory = env_factory.func
-    return keywords
+    return env_factory, keywords
+
+
+def factory_keywords(env_factory: Callable) -> dict[str, Any]:
+    """The keyword arguments a functools.partial binds, which a run's config records in
+    env.kwargs: called with them, the function the partial wraps makes the same
+    environment, so the command line can make it from `module:name` alone."""
+    return _unwrapped(env_factory)[1]
 
 
 def factory_name(env_factory: Callable) -> str:
     """`module:qualname` of a factory (of the function a functools.partial wraps)."""
-    while isinstance(env_factory, functools.partial):
-        env_factory = env_factory.func
-    named = env_factory if hasattr(env_factory, "__qualname__") else type(env_factory)
+    function = _unwrapped(env_factory)[0]
+    named = function if hasattr(function, "__qualname__") else type(function)
     return f"{getattr(named, '__module__', None) or '?'}:{named.__qualname__}"
 
 
@@ -149,7 +154,7 @@ def check_env_factory(env_factory: Callable | None, actors_mode: str) -> None:
     except Exception as error:  # PicklingError, AttributeError, TypeError: all mean the same
         name = factory_name(env_factory)
         what = ("a lambda" if "<lambda>" in name else "a local function" if "<locals>" in name
-                else f"not picklable ({type(error).__name__}: {str(error)[:120]})")
+                else f"not picklable ({type(error).__name__}: {excerpt(error, 120)})")
         raise EnvError(
             f"env: the factory {name} is {what}, and actor processes receive it pickled; define it "
             f"at module level (functools.partial binds arguments), or set actors.mode=thread"
