@@ -28,6 +28,7 @@ from .checkpoint import (check_compatible, config_here, latest_checkpoint, load_
                          load_state, save_checkpoint)
 from .config import Config, ConfigError, config_to_dict, load_config, save_config
 from .envs import env_action, factory_keywords, factory_name
+from .envs.masks import MASK_KEY, OBS_KEY, flat_mask
 from .envs.play import evaluate
 from .envs.preflight import preflight, probe_env
 from .envs.spaces import as_batch, batch_size, obs_to_torch
@@ -152,8 +153,8 @@ class A3C:
             self.recent_returns = list(monitor.recent_returns) if monitor else []
         return self
 
-    def predict(self, obs, state: np.ndarray | None = None, episode_start=None,
-                deterministic: bool = True):
+    def predict(self, obs, state: np.ndarray | None = None, episode_start=None, *,
+                action_masks=None, deterministic: bool = True):
         """Action(s) for one observation or a batch; returns (action, state) as SB3 (and
         sb3-contrib's RecurrentPPO) does. `deterministic` is True by default, where SB3's
         is False: a trained policy is used for what it does best, as `a3c eval` plays it;
@@ -164,7 +165,15 @@ class A3C:
         A recurrent model (`model.lstm`) reads each observation from `state` (None: the
         start of an episode) and returns the state to pass with the next observation;
         `episode_start` (a bool, or one per observation) marks observations that begin a
-        new episode, where the state is reset. Without a core, `state` comes back None."""
+        new episode, where the state is reset. Without a core, `state` comes back None.
+
+        A policy trained with action masks (a3c.envs.masks) takes the environment's
+        observation with `action_masks` (1 where an action is valid; a batch: one row
+        per observation), as sb3-contrib's MaskablePPO does, or the masked observation
+        the run's environment returns (its "action_mask" entry in place). Without
+        either, every action is valid. `action_masks` and `deterministic` are keywords
+        only, so that SB3's positional `deterministic` cannot be taken for a mask."""
+        obs = self._masked(obs, action_masks)
         observations = getattr(self.model, "observation_space", None)
         if observations is None:  # a custom model: arrays only
             obs, single = np.asarray(obs), False
@@ -186,6 +195,24 @@ class A3C:
         if getattr(self.model, "action_space", None) is not None:
             action = env_action(action, self.model.action_space)
         return (action[0] if single else action), state
+
+    def _masked(self, obs, action_masks):
+        """`obs` as the model reads it: with its action mask where the model reads one."""
+        if getattr(self.model, "mask_key", None) is None:
+            if action_masks is not None:
+                raise ValueError("predict: action_masks given, but this policy reads no action masks "
+                                 "(its environment gives none: see env.action_mask)")
+            return obs
+        masked_space = self.model.observation_space
+        entries = dict(obs) if isinstance(obs, Mapping) else {OBS_KEY: obs}
+        if action_masks is None:
+            action_masks = entries.pop(MASK_KEY, None)
+        if action_masks is None:  # every action valid, for each observation
+            others = gym.spaces.Dict({k: v for k, v in masked_space.spaces.items() if k != MASK_KEY})
+            batch, single = as_batch(entries, others)
+            size = masked_space[MASK_KEY].shape[0]
+            action_masks = np.ones(size if single else (batch_size(batch), size), np.int8)
+        return {**entries, MASK_KEY: flat_mask(action_masks, self.model.action_space)}
 
     def save(self, path: str | os.PathLike) -> None:
         state = self._state or {"optimizer": {}, "counters": {}}

@@ -60,7 +60,7 @@ def build_default_model(cfg: Config, env_factory: Callable | None = None) -> tor
     """The model the config describes, for the config's environment (or `env_factory`'s)."""
     env = make_env(cfg.env, env_factory=env_factory)
     try:
-        return build_model(env.observation_space, env.action_space, cfg.model)
+        return build_model(env.observation_space, env.action_space, cfg.model, cfg.env.action_mask != "none")
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
     finally:

@@ -41,6 +41,10 @@ class EnvConfig:
     wrappers: list[str | dict[str, Any]] = _f(
         [], "wrappers applied in order after the Atari preprocessing: module:Wrapper, or "
             "{module:Wrapper: {kwargs}} (RL Zoo's env_wrapper form)")
+    action_mask: str = _f("auto", "where the environment gives its action masks: observation (a Dict "
+                          "observation's action_mask entry), info (info['action_mask']), method (an "
+                          "action_masks() method), auto (the entry, else the method), none (no masks)",
+                          choices=("auto", "observation", "info", "method", "none"))
     factory: str | None = _f(None, "set by A3C(config, env=factory), not by hand: the factory's "
                              "module:name; such a run needs it again: A3C.load(path, env=factory)")
 

@@ -18,6 +18,7 @@ import gymnasium as gym
 
 from ..config import Config, ConfigError, EnvConfig
 from ..files import excerpt
+from .masks import MASK_KEY, MaskError, sample_valid
 from .sources import MODULE, EnvError, check_env_factory, import_env_module, load_object, make_env, wrapper_spec
 
 __all__ = ["device_available", "device_problems", "preflight", "probe", "probe_env"]
@@ -41,32 +42,52 @@ def probe_env(cfg: Config, env_factory: Callable | None = None) -> None:
     one line what it returned that gymnasium's API (0.26 and later) does not."""
     env = make_env(cfg.env, env_factory=env_factory)
     try:
-        probe(env, f"env.id {cfg.env.id!r}")
+        probe(env, f"env.id {cfg.env.id!r}", unread_masks=cfg.env.action_mask == "auto")
     finally:
         env.close()
 
 
-def probe(env: gym.Env, what: str) -> None:
+def _masked(space: gym.Space) -> bool:
+    return isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+
+
+def probe(env: gym.Env, what: str, unread_masks: bool = False) -> None:
     """One reset and one step of `env`, or an EnvError naming what it returned that
     gymnasium's API does not: reset gives (observation, info), step gives (observation,
-    reward, terminated, truncated, info)."""
+    reward, terminated, truncated, info). `unread_masks`: also an EnvError when reset's
+    info holds an action mask that nothing reads (env.action_mask auto finds masks in the
+    observation space or a method, before any reset)."""
     old_api = ("; an environment written for gym < 0.26 runs in gymnasium through shimmy's "
                "GymV21CompatibilityV0 (or GymV26CompatibilityV0) wrapper")
     try:
         reset = env.reset(seed=0)
+    except MaskError as error:  # the environment's masks, not its API
+        raise EnvError(f"{what}: {error}") from None
     except Exception as error:  # a user's reset may raise anything, gymnasium's checker too
         raise EnvError(f"{what}: reset(seed=0) raised {type(error).__name__}: {excerpt(error)}"
                        f"{old_api}") from None
     if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict)):
         raise EnvError(f"{what}: reset() returned {_shape_of(reset)}, where gymnasium's API returns "
                        f"(observation, info){old_api}")
+    if unread_masks and MASK_KEY in reset[1] and not _masked(env.observation_space):
+        raise EnvError(f"{what}: reset's info holds an 'action_mask', which env.action_mask: auto does not "
+                       f"read (it looks before any reset); set env.action_mask: info to use it, or none")
     try:
-        step = env.step(env.action_space.sample())
+        step = env.step(_an_action(env, reset[0]))
+    except MaskError as error:
+        raise EnvError(f"{what}: {error}") from None
     except Exception as error:
         raise EnvError(f"{what}: step() raised {type(error).__name__}: {excerpt(error)}{old_api}") from None
     if not (isinstance(step, tuple) and len(step) == 5):
         raise EnvError(f"{what}: step() returned {_shape_of(step)}, where gymnasium's API returns "
                        f"(observation, reward, terminated, truncated, info){old_api}")
+
+
+def _an_action(env: gym.Env, obs: Any) -> Any:
+    """A random action, a valid one where the observation carries a mask."""
+    if _masked(env.observation_space):
+        return sample_valid(env.action_space, obs[MASK_KEY])
+    return env.action_space.sample()
 
 
 def _shape_of(value: Any) -> str:

@@ -8,7 +8,8 @@ actor steps.
                                                     imports the module first, as gymnasium does
     env.max_episode_steps  the time limit (gymnasium.make's own, else a TimeLimit wrapper)
     env.atari            Atari preprocessing and frame stacking
-    env.wrappers         applied in order, last
+    env.wrappers         applied in order
+    env.action_mask      last, masked observations (a3c.envs.masks)
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import numpy as np
 
 from ..config import EnvConfig
 from ..files import excerpt
+from .masks import MaskError, with_action_mask
 
 __all__ = ["EnvError", "check_env_factory", "env_action", "factory_keywords", "factory_name", "import_env_module",
            "load_object", "make_env", "make_vector_env", "wrapper_spec"]
@@ -192,7 +194,10 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None,
         path, kwargs = _named(f"env.wrappers[{i}]", wrapper_spec, item)
         wrapper = _named(f"env.wrappers[{i}]", load_object, path)
         env = _checked(f"env.wrappers[{i}] {path!r}", lambda: wrapper(env, **kwargs), kwargs)
-    return env
+    try:  # last: the masked observation is what the model and the fragments see
+        return with_action_mask(env, cfg.action_mask, lambda: f"env.id {cfg.id!r}")
+    except MaskError as error:
+        raise EnvError(str(error)) from None
 
 
 def _named(key: str, resolve: Callable, arg: Any) -> Any:

@@ -16,8 +16,11 @@ from .actor_critic import ActorCritic
 __all__ = ["ActorCritic", "build_model"]
 
 
-def build_model(observation_space: gym.Space, action_space: gym.Space, cfg: ModelConfig) -> ActorCritic:
-    """The actor-critic a config's `model` section describes, for these spaces."""
+def build_model(observation_space: gym.Space, action_space: gym.Space, cfg: ModelConfig,
+                action_mask: bool = True) -> ActorCritic:
+    """The actor-critic a config's `model` section describes, for these spaces;
+    `action_mask`: whether a masked observation's mask masks the logits (env.action_mask
+    is not none)."""
     return ActorCritic(observation_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.cnn,
                        cfg.normalize_obs, cfg.normalize_value, cfg.state_dependent_std, cfg.cnn_arch,
-                       cfg.lstm, cfg.shared_torso, cfg.log_std_init, cfg.layer_norm)
+                       cfg.lstm, cfg.shared_torso, cfg.log_std_init, cfg.layer_norm, action_mask)

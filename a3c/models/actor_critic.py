@@ -22,6 +22,10 @@ Properties ``is_continuous``, ``action_shape`` and ``action_dtype``
 Optional: attributes ``obs_norm`` (an :class:`~a3c.models.normalize.ObservationNorm`) and
 ``popart`` (a :class:`~a3c.models.normalize.PopArt`), or None; learners update them when present.
 
+Masked models (``mask_key`` not None) read an action mask from the observation's
+``"action_mask"`` entry (a3c.envs.masks) and return policy params whose invalid logits
+are -inf, so that acting and scoring see only valid actions.
+
 Recurrent models (``is_recurrent`` true) also have ``state_size``, ``initial_state(n)``,
 ``act_recurrent(obs, state, starts, deterministic)`` (``act`` plus the next state) and
 ``evaluate_recurrent(obs [T, B], actions, state, starts)`` (``evaluate`` over an unroll):
@@ -37,6 +41,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Distribution
 
+from ..envs.masks import MASK_KEY, mask_size
 from ..envs.spaces import Obs, check_action_space, is_composite, leaves, tree_map
 from .heads import head_for
 from .normalize import LeafNorms, ObservationNorm, PopArt
@@ -80,6 +85,9 @@ class ActorCritic(nn.Module):
             control). With an LSTM core both torsos feed the core, which the heads share.
         log_std_init: the initial log-std of a Gaussian policy (0: std 1).
         layer_norm: layer normalization before each activation of the MLP torsos.
+        action_mask: with a Dict observation space that has an ``"action_mask"`` entry
+            (a3c.envs.masks, flat: one entry per logit), mask the logits with it; the
+            torso reads the other entries. False: the entry is an ordinary input.
     """
 
     def __init__(
@@ -97,15 +105,20 @@ class ActorCritic(nn.Module):
         shared_torso: bool = True,
         log_std_init: float = 0.0,
         layer_norm: bool = False,
+        action_mask: bool = True,
     ):
         super().__init__()
         check_action_space(action_space)
         leaves(observation_space)  # refuses spaces of no fixed size, in one line
         self.observation_space, self.action_space = observation_space, action_space
         self._composite = is_composite(observation_space)
+        self.mask_key = _mask_key(observation_space, action_space) if action_mask else None
+        inputs = observation_space
+        if self.mask_key is not None:  # the torso reads the other entries
+            inputs = gym.spaces.Dict({k: v for k, v in observation_space.spaces.items() if k != self.mask_key})
         # make_torso() builds a fresh torso: the value's own, if it has one.
         self.torso, make_torso, feature_dim, self.uses_cnn = torso_for(
-            observation_space, cnn, cnn_arch, hidden_sizes, activation, layer_norm)
+            inputs, cnn, cnn_arch, hidden_sizes, activation, layer_norm)
         self.obs_norm = self._observation_norm() if normalize_obs else None
 
         # The head (heads.py) says what the policy layer's outputs mean. A Gaussian's
@@ -176,10 +189,16 @@ class ActorCritic(nn.Module):
             return self.torso(x)
         return torch.cat([self.torso(x), self.value_torso(x)], dim=-1)
 
-    def _heads(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _heads(self, x: torch.Tensor, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(policy params, value) from features [..., F], the params masked by `obs`'s
+        action mask (of the same leading shape) when the model reads one."""
         if self._split is not None:
-            return self.policy_head(x[..., :self._split]), self.value_head(x[..., self._split:]).squeeze(-1)
-        return self.policy_head(x), self.value_head(x).squeeze(-1)
+            params, value = self.policy_head(x[..., :self._split]), self.value_head(x[..., self._split:])
+        else:
+            params, value = self.policy_head(x), self.value_head(x)
+        if self.mask_key is not None:
+            params = self.head.masked(params, obs[self.mask_key])
+        return params, value.squeeze(-1)
 
     def forward(self, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
         """(policy params [N, P], value [N]). A recurrent model reads each observation
@@ -187,7 +206,7 @@ class ActorCritic(nn.Module):
         x = self.features(obs)
         if self.core is not None:
             x = self._core(x, self.initial_state(len(x)))[0]
-        return self._heads(x)
+        return self._heads(x, obs)
 
     # ---- the recurrent core ------------------------------------------------------------
 
@@ -215,7 +234,7 @@ class ActorCritic(nn.Module):
         where `starts` [N] (bool) says the observation begins an episode."""
         state = state * (~starts).unsqueeze(-1).to(state.dtype)
         x, state = self._core(self.features(obs), state)
-        return (*self._heads(x), state)
+        return (*self._heads(x, obs), state)
 
     def unroll(self, obs: Obs, state: torch.Tensor, starts: torch.Tensor
                ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -229,7 +248,7 @@ class ActorCritic(nn.Module):
         for t in range(T):
             h, state = self._core(x[t], state * keep[t])
             outputs.append(h)
-        params, values = self._heads(torch.stack(outputs))
+        params, values = self._heads(torch.stack(outputs), obs)
         return params, values, state
 
     # ---- acting and scoring --------------------------------------------------------------
@@ -268,3 +287,15 @@ class ActorCritic(nn.Module):
         params, values, state = self.unroll(obs, state, starts)
         logp, entropy = self.head.score(params.reshape(T * B, -1), actions.reshape(T * B, *actions.shape[2:]))
         return logp.reshape(T, B), entropy.reshape(T, B), values, state
+
+
+def _mask_key(observation_space: gym.Space, action_space: gym.Space) -> str | None:
+    """"action_mask" when the observations carry a mask (a3c.envs.masks) that fits the
+    actions' logits, None when they carry none; a mask that cannot fit is a ValueError."""
+    if not (isinstance(observation_space, gym.spaces.Dict) and MASK_KEY in observation_space.spaces):
+        return None
+    mask, size = observation_space.spaces[MASK_KEY], mask_size(action_space)
+    if not isinstance(mask, (gym.spaces.MultiBinary, gym.spaces.Box)) or tuple(mask.shape) != (size,):
+        raise ValueError(f"the observation's 'action_mask' entry is {mask}, where {action_space} needs a "
+                         f"flat mask of {size} entries; make it one (a3c.envs.masks.ActionMasked does)")
+    return MASK_KEY

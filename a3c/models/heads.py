@@ -50,6 +50,11 @@ class Head:
         """(log-prob [N], entropy [N]) of `actions`, with gradient."""
         raise NotImplementedError
 
+    def masked(self, params: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """`params` with the actions that `mask` (flat, 0 where invalid) rules out made
+        impossible; only heads of discrete actions take masks (a3c.envs.masks)."""
+        raise ValueError(f"{type(self).__name__} takes no action mask")
+
 
 class MultiCategorical(Distribution):
     """Independent categoricals, one per MultiDiscrete component: log_prob and entropy
@@ -90,6 +95,10 @@ class MultiCategoricalHead(Head):
 
     def _logits(self, params: torch.Tensor) -> Sequence[torch.Tensor]:
         return params.split(self.nvec, -1)
+
+    def masked(self, params: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        # -inf: an invalid action's probability is exactly 0, and so is its gradient.
+        return params.masked_fill(mask == 0, float("-inf"))
 
     def _action(self, columns: list[torch.Tensor]) -> torch.Tensor:
         return torch.stack(columns, dim=-1)
