@@ -1,5 +1,6 @@
-"""Command line: `a3c train CONFIG [key=value ...]`, `a3c train --resume RUN_DIR`,
-`a3c eval RUN_DIR --episodes N [--video out.mp4]`, `a3c config CONFIG [key=value ...]`.
+"""Command line: `a3c train CONFIG [--seeds S ...] [key=value ...]`, `a3c train --resume RUN_DIR`,
+`a3c eval RUN_DIR --episodes N [--video out.mp4]`, `a3c config CONFIG [key=value ...]`,
+`a3c plot RUN_OR_PARENT ... [-o curves.png] [--aggregate]`.
 
 Each command parses its arguments and calls the Python API (a3c.api), the one pipeline
 a run goes through; what is here is only what a terminal needs: the run folder's name,
@@ -7,6 +8,7 @@ the line a run ends with, one-line errors and the extra to install for a missing
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -15,7 +17,8 @@ from .procs import stop_on_sigterm
 
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
-           "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray"}
+           "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray",
+           "matplotlib": "plot"}
 
 
 def _count(least: int):
@@ -29,6 +32,18 @@ def _count(least: int):
             raise argparse.ArgumentTypeError(f"{value} is less than {least}")
         return value
     return parse
+
+
+class _Seeds(argparse.Action):
+    """--seeds 1 2 3 [key=value ...]: argparse would take the overrides after the seeds
+    for more seeds; they are overrides, told apart by their '='."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.overrides = [*(namespace.overrides or []), *(v for v in values if "=" in v)]
+        try:
+            namespace.seeds = [_count(0)(v) for v in values if "=" not in v]
+        except argparse.ArgumentTypeError as error:
+            parser.error(f"argument --seeds: {error}")
 
 
 _ENV_HELP = ("a function or class that makes the environment, as A3C(config, env=...) takes it; "
@@ -57,6 +72,9 @@ def _parser() -> argparse.ArgumentParser:
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 actors.num=4")
     train.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
     train.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
+    train.add_argument("--seeds", nargs="+", action=_Seeds, metavar="S",
+                       help="one run per seed, one after another (each run already keeps every core busy), "
+                            "in one folder: runs/<name>-<time>/seed-S; key=value after them are overrides")
     evaluate = commands.add_parser("eval", help="play a trained run's greedy policy")
     evaluate.add_argument("run_dir", help="a run folder (runs/<name>-<time>) or a checkpoint file")
     evaluate.add_argument("--episodes", type=_count(1), default=10, help="episodes to play (default: 10)")
@@ -69,6 +87,22 @@ def _parser() -> argparse.ArgumentParser:
     show = commands.add_parser("config", help="print a config as a run would use it, each field with its help")
     show.add_argument("config", help="a shipped config's name (cartpole, acrobot, ...) or a YAML file")
     show.add_argument("overrides", nargs="*", help="dotted overrides, e.g. optim.lr=3e-4 actors.num=4")
+    plot = commands.add_parser("plot", help="draw runs' learning curves, the mean over seeds with a 95%% "
+                                            "confidence band, or their aggregate (needs the 'plot' extra)")
+    plot.add_argument("paths", nargs="+", metavar="RUN_OR_PARENT",
+                      help="run folders, or folders that hold them (runs whose configs differ only in seed "
+                           "are one curve, named after the config), or scripts/bench_train.py --curves files")
+    plot.add_argument("-o", "--output", metavar="FILE",
+                      help="the figure: .png, .svg or .pdf (default: curves.png; aggregate.png with --aggregate)")
+    plot.add_argument("--aggregate", action="store_true",
+                      help="each curve's interquartile mean over tasks and seeds of its runs' final values, "
+                           "normalized per task from its runs' start (0) to solved_return (1), with a 95%% "
+                           "stratified bootstrap interval")
+    plot.add_argument("--x", choices=("steps", "time"),
+                      help="against env steps or seconds of training only (default: both)")
+    plot.add_argument("--metric", nargs="+",
+                      help="return (mean of the last 100 training episodes), eval (evaluation returns) or a "
+                           "TensorBoard tag the runs wrote (default: return, and eval where runs have it)")
     return parser
 
 
@@ -77,10 +111,12 @@ def _train(args) -> None:
     import tqdm  # noqa: F401
 
     from .api import A3C
-    from .checkpoint import latest_checkpoint
     from .config import ConfigError, load_config
 
     if args.resume:
+        if args.seeds:
+            raise ConfigError(["--seeds: a resumed run trains on with its own seed; resume each seed's "
+                               "folder on its own"])
         if args.config and "=" not in args.config:
             raise ConfigError([f"{args.config}: a resumed run trains on with its own config.yaml; "
                                "give only overrides (key=value), or start a new run without --resume"])
@@ -90,10 +126,33 @@ def _train(args) -> None:
         if not args.config:
             raise ConfigError(["a config is needed: a3c train cartpole (a shipped config's name) or "
                                "a3c train my_config.yaml"])
+        if args.seeds:
+            return _train_seeds(args)
         agent = A3C(load_config(args.config, args.overrides), env=_factory(args))
+    _learn(agent)
+    print(_ending(agent))
+
+
+def _train_seeds(args) -> None:
+    """One run per seed, one after another; Ctrl-C stops the current one and starts no other."""
+    from .seeds import seed_runs
+
+    with contextlib.closing(seed_runs(args.config, args.seeds, args.overrides, env=_factory(args))) as runs:
+        for i, (agent, run_dir) in enumerate(runs):
+            rest = args.seeds[i + 1:]
+            _learn(agent, run_dir, f"; seed{'s' if len(rest) > 1 else ''} {' '.join(map(str, rest))} not started"
+                   if rest else "")
+            print(f"seed {agent.config.seed}: {_ending(agent)}")
+    print(f"draw the seeds' curves: a3c plot {agent.run_dir.parent}", file=sys.stderr)
+
+
+def _learn(agent, run_dir=None, not_run: str = "") -> None:
+    """Train; on Ctrl-C, say which checkpoint was written (and `not_run`) and exit with 130."""
+    from .checkpoint import latest_checkpoint
+
     try:
-        agent.learn(on_start=lambda run_dir: print(f"run folder: {run_dir}  (tensorboard --logdir "
-                                                   f"{run_dir.parent})", file=sys.stderr))
+        agent.learn(run_dir=run_dir, on_start=lambda run_dir: print(
+            f"run folder: {run_dir}  (tensorboard --logdir {run_dir.parent})", file=sys.stderr))
     except KeyboardInterrupt:
         checkpoint = None if agent.run_dir is None else latest_checkpoint(agent.run_dir)
         if checkpoint is None:
@@ -104,9 +163,8 @@ def _train(args) -> None:
             where = f"no final checkpoint; {checkpoint} is the last one written"
         else:
             where = "no checkpoint written"
-        print(f"\ninterrupted; {where}", file=sys.stderr)
+        print(f"\ninterrupted; {where}{not_run}", file=sys.stderr)
         raise SystemExit(130) from None
-    print(_ending(agent))
 
 
 def _ending(agent) -> str:
@@ -149,6 +207,12 @@ def _eval(args) -> None:
           f"(min {returns.min():.2f}, max {returns.max():.2f})")
 
 
+def _plot(args) -> None:
+    from .plots import plot
+
+    print(plot(args.paths, args.output, args.aggregate, args.x, args.metric))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     stop_on_sigterm()
@@ -160,10 +224,11 @@ def main(argv: list[str] | None = None) -> None:
         from .config import ConfigError
         from .envs import EnvError
         from .envs.video import VideoError
+        from .plots import PlotError
 
         try:
-            {"train": _train, "eval": _eval, "config": _config}[args.command](args)
-        except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError) as error:
+            {"train": _train, "eval": _eval, "config": _config, "plot": _plot}[args.command](args)
+        except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError, PlotError) as error:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         except SharedMemoryFull as error:  # the queues and the replay buffer live there

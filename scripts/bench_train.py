@@ -725,7 +725,7 @@ def budget_of(task: Task) -> int:
 
 def write_curve(folder: Path, name: str, task: Task, method: str, seed: int, budget: int,
                 result: Result) -> None:
-    """--curves: one run's learning curve as JSON, for scripts/plot_results.py: the last-100
+    """--curves: one run's learning curve as JSON, for `a3c plot`: the last-100
     mean against env steps and wall seconds from launch, a point at most every 1 % of the
     budget (and the last one), with what the run was."""
     import json
@@ -780,7 +780,7 @@ def main() -> None:
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
     parser.add_argument("--curves", metavar="DIR",
-                        help="write each run's learning curve to DIR as JSON (scripts/plot_results.py draws them)")
+                        help="write each run's learning curve to DIR as JSON (a3c plot draws them)")
     args = parser.parse_args()
     exit_on_sigterm()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
