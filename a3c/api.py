@@ -32,6 +32,7 @@ from .envs.masks import MASK_KEY, OBS_KEY, flat_mask
 from .envs.play import evaluate
 from .envs.preflight import preflight, probe_env
 from .envs.spaces import as_batch, batch_size, obs_to_torch
+from .evaluator import existing_best
 from .metrics import Sink
 from .trainer import Trainer, build_default_model, check_learner_settings
 
@@ -221,10 +222,13 @@ class A3C:
 
     @classmethod
     def load(cls, path: str | os.PathLike, model: torch.nn.Module | None = None,
-             env: Callable[..., gym.Env] | None = None) -> A3C:
-        """Load a file written by `save`, or a run folder's checkpoint.pt. A run trained with
+             env: Callable[..., gym.Env] | None = None, best: bool = False) -> A3C:
+        """Load a file written by `save`, or a run folder's checkpoint.pt (`best`: its
+        best.pt, the weights of its best evaluation while training). A run trained with
         `A3C(config, env=factory)` needs the factory again: a checkpoint holds only its name."""
         path = Path(path)
+        if best:
+            path = existing_best(path)
         state = load_checkpoint(latest_checkpoint(path) if path.is_dir() else path)
         config = config_here(state["config"])  # trained on a GPU this host may not have
         agent = cls(config, model=model, env=env)

@@ -81,6 +81,8 @@ def _parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--seed", type=_count(0), default=0,
                           help="the first episode's seed; the i-th plays seed + i (default: 0)")
     evaluate.add_argument("--stochastic", action="store_true", help="sample instead of the greedy action")
+    evaluate.add_argument("--best", action="store_true",
+                          help="play the run's best.pt, the weights of its best evaluation while training")
     evaluate.add_argument("--video", metavar="FILE.mp4",
                           help="also record the episodes to an MP4 file (needs the 'video' extra)")
     evaluate.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
@@ -191,7 +193,7 @@ def _eval(args) -> None:
     from .api import A3C, evaluate
     from .envs.video import record_video
 
-    agent = A3C.load(args.run_dir, env=_factory(args))
+    agent = A3C.load(args.run_dir, env=_factory(args), best=args.best)
     if args.video:
         # rgb_array frames are drawn off screen; SDL's dummy display keeps pygame (the
         # classic-control tasks) from probing for a real one, which prints an "error:" line

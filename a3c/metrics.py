@@ -1,7 +1,8 @@
 """Metrics: a small facade over TensorBoard, and the monitor thread that feeds it.
 
 Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/,
-replay/, and ray/ (remote actors: their calls, the pump's traffic, published weights).
+replay/, ray/ (remote actors: their calls, the pump's traffic, published weights) and eval/
+(evaluation while training, a3c.evaluator).
 Tests swap TensorBoard for `MemorySink`.
 """
 from __future__ import annotations

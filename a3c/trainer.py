@@ -12,6 +12,9 @@ live in shared memory, so the same Hogwild updates land in the same tensors eith
 
 With `actors.mode: ray` the actors run on a Ray cluster and a pump thread puts what they
 return into the same queue (a3c.actors.remote); the learners do not know the difference.
+
+With `eval.interval_steps`, an evaluator process plays the newest weights now and then, and
+the final ones (a3c.evaluator); the trainer charts its results.
 """
 from __future__ import annotations
 
@@ -28,11 +31,12 @@ import torch
 
 from replay import ArrayQueue, Counters
 
-from .actors.local import run_actor, sync_rounds
+from .actors.local import rounds_trained, run_actor, sync_rounds
 from .actors.loop import EPISODE_DTYPE, fragment_dtype
 from .checkpoint import check_compatible, latest_checkpoint, load_state, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict
 from .envs import check_env_factory, make_env
+from .evaluator import Evaluator, eval_while_training
 from .learners.optim import build_optimizer, value_lr_problem
 from .learners.source import replay_buffer
 from .learners.updater import proximal_average, step_queue
@@ -57,8 +61,11 @@ _EPISODE_QUEUE = 4096
 
 
 def build_default_model(cfg: Config, env_factory: Callable | None = None) -> torch.nn.Module:
-    """The model the config describes, for the config's environment (or `env_factory`'s)."""
+    """The model the config describes, for the config's environment (or `env_factory`'s);
+    with `deterministic`, its initial weights drawn from `seed`."""
     env = make_env(cfg.env, env_factory=env_factory)
+    if cfg.deterministic:
+        torch.manual_seed(cfg.seed)
     try:
         return build_model(env.observation_space, env.action_space, cfg.model, cfg.env.action_mask != "none")
     except ValueError as error:  # spaces the model cannot take: say so, in one line
@@ -127,6 +134,7 @@ class Trainer:
         self._restarts = [0] * cfg.actors.num
         # With actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump.
         self._ray = self._pump = None
+        self.evaluator: Evaluator | None = None  # with eval.interval_steps
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
         self.rounds: Counters | None = None  # with actors.sync: a3c.actors.local.sync_rounds
         # Made by train(): the fragment and episode queues, the replay buffer (with
@@ -141,7 +149,11 @@ class Trainer:
         threads = torch.get_num_threads()  # restored at the end: the caller's setting
         torch.set_num_threads(1)  # one thread per worker: parallelism comes from workers
         sink = monitor = None
-        start = int(self.counters["env_steps"])  # a resumed run's count, before any actor adds to it
+        finished = False  # the run reached its end (not stopped by an error or Ctrl-C)
+        # A resumed run's count, before any actor adds to it.
+        start = self.start_steps = int(self.counters["env_steps"])
+        if cfg.deterministic:  # the draws of the learner thread, and of actors forked or threads
+            torch.manual_seed(cfg.seed)
         try:  # whatever fails, `_shutdown` releases what was made (counters included)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             env = make_env(cfg.env, env_factory=self.env_factory)
@@ -154,6 +166,8 @@ class Trainer:
             self.learner_stats = step_queue()
             if cfg.actors.sync:  # from the restored count on a resume: the first round acts at once
                 self.rounds = sync_rounds(cfg, self.counters["fresh_batches"])
+            if cfg.eval.interval_steps:  # forked, as the actors are, while this process runs one thread
+                self.evaluator = eval_while_training(cfg, self.model, self.counters, self.run_dir, self.env_factory)
             if cfg.actors.mode == "ray":
                 self._start_remote_actors()
             else:
@@ -177,16 +191,18 @@ class Trainer:
                 cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,
                 gauges=self._pump.gauges if self._pump is not None else None)
             monitor.start()
-            self._supervise()
+            self._supervise(sink)
+            finished = True
         finally:
-            self._shutdown(monitor, sink, threads)
+            self._shutdown(monitor, sink, threads, finished)
         return self.counters.snapshot()
 
-    def _shutdown(self, monitor, sink, threads: int) -> None:
+    def _shutdown(self, monitor, sink, threads: int, finished: bool = False) -> None:
         """Stop everything, in an order that matters: closing the queue wakes actors
         blocked in put (they exit) and learners blocked in get; the checkpoint is written
-        as soon as no learner updates. Every later step runs even if one fails (or a
-        second Ctrl-C arrives), so nothing is left behind."""
+        as soon as no learner updates; a `finished` run's evaluator then evaluates the
+        final weights. Every later step runs even if one fails (or a second Ctrl-C
+        arrives), so nothing is left behind."""
         self.learners.stop.set()
         if self.fragments is not None:
             self.fragments.close()
@@ -200,6 +216,8 @@ class Trainer:
                 later.callback(sink.close)
             if monitor is not None:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
+            if self.evaluator is not None:  # after the checkpoint, before the sink closes
+                later.callback(lambda: self.evaluator.close(sink, final=finished and self.saved))
             later.callback(self._stop_actors)
             for learner in self.learners.workers:  # each ends within a gradient step once stopped
                 join_worker(learner)
@@ -207,11 +225,15 @@ class Trainer:
                 self.save(latest_checkpoint(self.run_dir))
                 self.saved = True
 
-    def _supervise(self) -> None:
+    def _supervise(self, sink: Sink) -> None:
         cfg = self.cfg
         next_checkpoint = time.monotonic() + cfg.checkpoint.interval_s
-        while self.counters["env_steps"] < cfg.total_timesteps and not self._reached_target():
+        while not self._budget_spent() and not self._reached_target():
             time.sleep(0.05)
+            if self.evaluator is not None:
+                self.evaluator.poll(sink)
+                if not self.evaluator.is_alive():
+                    raise RuntimeError("the evaluator process died; see its error above")
             if not all(learner.is_alive() for learner in self.learners.workers):
                 # Without learners the queue fills and the actors wait forever.
                 raise RuntimeError(f"a learner {self.cfg.learners.mode} died; see its error above")
@@ -229,10 +251,20 @@ class Trainer:
 
     # ---- actors ----------------------------------------------------------------------
 
+    def _budget_spent(self) -> bool:
+        """`total_timesteps` env steps are acted; synchronous actors then act no further
+        round, and the run ends once the learner has trained the last one (between updates)."""
+        return (self.counters["env_steps"] >= self.cfg.total_timesteps
+                and (self.rounds is None
+                     or rounds_trained(self.cfg, self.rounds, self.counters, self.start_steps)))
+
     def _reached_target(self) -> bool:
+        target = self.cfg.target_return
+        if target is not None and self.cfg.eval.judges_target:
+            return self.evaluator.latest_mean >= target  # nan before the first evaluation: False
         returns = self.monitor.recent_returns
-        return (self.cfg.target_return is not None and len(returns) == returns.maxlen
-                and self.monitor.mean_recent_return() >= self.cfg.target_return)
+        return (target is not None and len(returns) == returns.maxlen
+                and self.monitor.mean_recent_return() >= target)
 
     def _start_actor(self, i: int):
         cfg = self.cfg

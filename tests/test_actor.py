@@ -174,7 +174,7 @@ def test_finished_episodes_report_the_return_and_length_of_the_fragments(actor_r
             reported[(ret, length)] += 1
     assert from_fragments and not (from_fragments - reported)
     assert run.counters["episodes"] >= sum(from_fragments.values())
-    assert run.counters["env_steps"] >= E * T * 5  # counted after each put
+    assert run.counters["env_steps"] >= E * T * 5  # counted before each put
 
 
 def test_fragment_version_is_the_policy_version_when_the_fragment_began(actor_run):

@@ -18,7 +18,7 @@ from ..models.weights import WeightCopy, clone_policy
 from ..procs import as_worker_process
 from .loop import ActorLoop, actor_seed, report_episodes
 
-__all__ = ["SyncGate", "run_actor", "sync_rounds"]
+__all__ = ["SyncGate", "rounds_trained", "run_actor", "sync_rounds"]
 
 
 def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: ArrayQueue,
@@ -32,6 +32,8 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         raise ValueError("actors.sync needs the run's sync_rounds(...) passed as rounds")
     if in_process:
         as_worker_process()
+        if cfg.deterministic:  # its samples from its own seed, however the process was started
+            torch.manual_seed(actor_seed(cfg, actor_id))
     envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
     try:
         gate = SyncGate(cfg, counters, rounds, actor_id, fragments) if cfg.actors.sync else None
@@ -55,13 +57,15 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         copy_weights()  # a recent policy, once per fragment
         unroll = loop.unroll(buf, counters["policy_version"])
         report_episodes(unroll.episodes, episodes, counters)
+        # Counted before the put: a learner that trains on these fragments reads a count
+        # (for its learning rate) that holds them, whatever the timing.
+        counters.add("env_steps", buf.size * loop.T)
         before_put = time.perf_counter()
         if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
             return  # closed while waiting: the trainer is stopping
         if gate is not None:
             gate.put()
         done_at = time.perf_counter()
-        counters.add("env_steps", buf.size * loop.T)
         counters.add("queue_puts", len(buf))
         counters.add("actor_env_s", unroll.env_s)
         counters.add("actor_policy_s", before_put - start - unroll.env_s)  # inference, bookkeeping
@@ -89,6 +93,10 @@ class SyncGate:
     starts from. (Observation statistics, where the model normalizes them, take in the
     batch before its first step.)
 
+    Once `total_timesteps` env steps are acted, no actor starts another round: the
+    learner's last batch is the last one acted, and the run ends once it is trained
+    (`rounds_trained`), between updates.
+
     The count is kept in shared memory and added to only once an unroll is in the
     queue, so an actor that dies mid-round is replaced by one that acts the unrolls it
     left: no round runs short (a wait forever) or long (a surplus that would make every
@@ -106,11 +114,20 @@ class SyncGate:
         self.counters, self.rounds, self.fragments = counters, rounds, fragments
         self.name = f"actor_{actor_id}"
         self.start = rounds["start"]  # set once, before any actor starts
+        self.total = cfg.total_timesteps
 
     def wait(self) -> None:
         """Return when this actor's next unroll may start; raises Closed if the queue
         closes while it waits (the trainer is stopping)."""
-        due = self.start + self.rounds[self.name] // self.per_round
+        unrolls = self.rounds[self.name]
+        self._wait_for(self.start + unrolls // self.per_round)
+        # A round starts once the last one is trained, so every actor's steps of it are
+        # counted (before their put) and all actors see one count here.
+        if unrolls % self.per_round == 0 and self.counters["env_steps"] >= self.total:
+            self._wait_for(float("inf"))  # the budget is spent: act no further round
+
+    def _wait_for(self, due: float) -> None:
+        """Wait until the learner has trained `due` fresh batches, or raise Closed."""
         if self.counters["fresh_batches"] >= due:
             return
         started, poll = time.perf_counter(), self.FIRST_POLL_S
@@ -124,3 +141,12 @@ class SyncGate:
     def put(self) -> None:
         """An unroll is in the queue."""
         self.rounds.add(self.name)
+
+
+def rounds_trained(cfg: Config, rounds: Counters, counters: Counters, start_steps: int) -> bool:
+    """Whether the learner has trained every round that synchronous actors began since
+    `rounds` was made (`sync_rounds`), when the env step count was `start_steps`. A round
+    is a batch of B fragments of T steps, and its steps count as they are acted, before
+    their put: one begun counts whole."""
+    acted = -(-(counters["env_steps"] - start_steps) // (cfg.learners.batch_size * cfg.actors.unroll_length))
+    return counters["fresh_batches"] - rounds["start"] >= acted

@@ -175,6 +175,53 @@ def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
                         f"{per_round}); change one of them, or set actors.sync to false")
 
 
+def _check_eval(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """eval.judges_target stops a run on evaluations, so there must be evaluations and a target."""
+    if not cfg.eval.judges_target or {"eval.judges_target", "eval.interval_steps", "target_return"} & bad:
+        return
+    if not cfg.eval.interval_steps:
+        problems.append("eval.judges_target: true judges target_return by the evaluations, and "
+                        "eval.interval_steps is 0 (none); set it, e.g. to 10000, or judges_target to false")
+    if cfg.target_return is None:
+        problems.append("eval.judges_target: true judges target_return by the evaluations, and "
+                        "target_return is null; set target_return, or judges_target to false")
+
+
+# What `deterministic` needs (docs/training.md, Reproducibility): one actor, acting each batch
+# with the policy its update starts from (its fragments reach the queue in one order, and
+# the learner reads the budget's count at fixed points); one learner thread, whose
+# minibatches the trainer's seeded generator draws; the CPU; and an end that depends on
+# the count alone. The rest of what actors.sync needs, _check_sync asks for.
+_DETERMINISTIC = {"actors.num": 1, "actors.sync": True, "learners.mode": "thread", "learners.device": "cpu",
+                  "target_return": None}
+
+
+def _check_deterministic(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    if not cfg.deterministic or "deterministic" in bad:
+        return
+    needed = dict(_DETERMINISTIC)
+    if not cfg.actors.sync:  # with it, _check_sync asks for these
+        needed.update({"learners.num": 1, "replay.ratio": 0.0})
+    differ = [f"{key} {_shown(want)} (not {_shown(_value(cfg, key))})" for key, want in needed.items()
+              if key not in bad and _value(cfg, key) != want]
+    if differ:
+        problems.append(f"deterministic: true needs {', '.join(differ)}; set {'it' if len(differ) == 1 else 'them'}, "
+                        f"or deterministic to false")
+
+
+def _value(cfg: Config, key: str) -> Any:
+    """The value of a dotted key."""
+    value = cfg
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
+def _shown(value: Any) -> str:
+    """A value as YAML writes it: true, null, 0.0."""
+    return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
 def validate(data: Mapping[str, Any], problems: list[str], source: str | None = None) -> Config:
     """The Config of the dict `data`, or one ConfigError listing all its problems along
     with `problems` (those found before, such as malformed overrides)."""
@@ -201,6 +248,8 @@ def validate(data: Mapping[str, Any], problems: list[str], source: str | None = 
         problems.append(f"learners.proximal_decay: {cfg.learners.proximal_decay} centres PPO's clip, and "
                         f"learners.clip_coef is null; set clip_coef (e.g. 0.2), or proximal_decay to null")
     _check_sync(cfg, problems, bad)
+    _check_eval(cfg, problems, bad)
+    _check_deterministic(cfg, problems, bad)
     if "learners.device" not in bad:
         _check_device(cfg.learners, problems)
     _check_ray(cfg.ray, problems, bad)

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["ActorsConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "LearnersConfig",
-           "LoggingConfig", "ModelConfig", "OptimConfig", "RayConfig", "ReplayConfig", "VTraceConfig",
-           "field_help", "leaves", "type_name"]
+__all__ = ["ActorsConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig",
+           "LearnersConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "RayConfig", "ReplayConfig",
+           "VTraceConfig", "field_help", "leaves", "type_name"]
 
 
 def _f(default: Any, help: str, **rules: Any) -> Any:
@@ -183,6 +183,20 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    interval_steps: int = _f(0, "env steps between evaluations of the newest weights, played by a "
+                             "process of their own, and one more at the end of the run; the best "
+                             "mean's weights go to best.pt (0: no evaluation)", ge=0)
+    episodes: int = _f(10, "episodes each evaluation plays, the i-th reset with seed + i", ge=1)
+    deterministic: bool = _f(True, "greedy actions, as a3c eval plays them (false: sampled, as the "
+                             "actors act)")
+    seed: int = _f(0, "the seed of each evaluation's first episode: every evaluation plays the same "
+                   "episodes, those a3c eval plays by default", ge=0)
+    judges_target: bool = _f(False, "target_return stops the run on the latest evaluation's mean, not "
+                             "on the last 100 training episodes' (needs interval_steps above 0)")
+
+
+@dataclass
 class RayConfig:
     address: str | None = _f(None, "the Ray cluster of actors.mode=ray: null starts one on this machine "
                              "for the run (stopped at its end); auto joins the one `ray start` runs "
@@ -213,6 +227,10 @@ class RayConfig:
 class Config:
     name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
     seed: int = _f(1, "random seed", ge=0)
+    deterministic: bool = _f(
+        False, "two runs of the config give bit-identical weights: torch is seeded from seed, and the run "
+               "ends between updates; needs actors.num 1, actors.sync true, one learner thread on the "
+               "cpu, no replay and no target_return (docs/training.md, Reproducibility)")
     total_timesteps: int = _f(500_000, "env steps to train for (summed over all envs)", ge=1)
     target_return: float | None = _f(
         None, "stop early once the mean return of the last 100 episodes reaches this (null: never)")
@@ -229,6 +247,7 @@ class Config:
     replay: ReplayConfig = field(default_factory=ReplayConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
 
