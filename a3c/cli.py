@@ -1,6 +1,7 @@
 """Command line: `a3c train CONFIG [--seeds S ...] [key=value ...]`, `a3c train --resume RUN_DIR`,
 `a3c eval RUN_DIR --episodes N [--video out.mp4]`, `a3c config CONFIG [key=value ...]`,
-`a3c plot RUN_OR_PARENT ... [-o curves.png] [--aggregate]`.
+`a3c plot RUN_OR_PARENT ... [-o curves.png] [--aggregate]`,
+`a3c export RUN_DIR [--format onnx|torchscript] [--best] [-o FILE]`.
 
 Each command parses its arguments and calls the Python API (a3c.api), the one pipeline
 a run goes through; what is here is only what a terminal needs: the run folder's name,
@@ -18,7 +19,7 @@ from .procs import stop_on_sigterm
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
            "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray",
-           "matplotlib": "plot"}
+           "matplotlib": "plot", "onnx": "export", "onnxscript": "export"}
 
 
 def _count(least: int):
@@ -105,6 +106,15 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("--metric", nargs="+",
                       help="return (mean of the last 100 training episodes), eval (evaluation returns) or a "
                            "TensorBoard tag the runs wrote (default: return, and eval where runs have it)")
+    export = commands.add_parser("export", help="write a run's policy as ONNX or TorchScript, to run "
+                                                "without this project (needs the 'export' extra)")
+    export.add_argument("run_dir", help="a run folder (runs/<name>-<time>) or a checkpoint file")
+    export.add_argument("--format", default="onnx", help="onnx (default) or torchscript")
+    export.add_argument("--best", action="store_true", help="the run's best.pt instead of its last checkpoint")
+    export.add_argument("-o", "--output", metavar="FILE",
+                        help="where to write (default: beside the checkpoint, checkpoint.onnx or "
+                             "checkpoint.torchscript.pt; best.* with --best)")
+    export.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
     return parser
 
 
@@ -215,6 +225,12 @@ def _plot(args) -> None:
     print(plot(args.paths, args.output, args.aggregate, args.x, args.metric))
 
 
+def _export(args) -> None:
+    from .export import export
+
+    print(export(args.run_dir, args.output, args.format, best=args.best, env=_factory(args)))
+
+
 def main(argv: list[str] | None = None) -> None:
     args = _parser().parse_args(argv)
     stop_on_sigterm()
@@ -226,11 +242,14 @@ def main(argv: list[str] | None = None) -> None:
         from .config import ConfigError
         from .envs import EnvError
         from .envs.video import VideoError
+        from .export import ExportError
         from .plots import PlotError
 
         try:
-            {"train": _train, "eval": _eval, "config": _config, "plot": _plot}[args.command](args)
-        except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError, PlotError) as error:
+            {"train": _train, "eval": _eval, "config": _config, "plot": _plot,
+             "export": _export}[args.command](args)
+        except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError, PlotError,
+                ExportError) as error:
             print(f"error: {error}", file=sys.stderr)
             raise SystemExit(2) from None
         except SharedMemoryFull as error:  # the queues and the replay buffer live there
