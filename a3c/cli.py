@@ -1,7 +1,8 @@
 """Command line: `a3c train CONFIG [--seeds S ...] [key=value ...]`, `a3c train --resume RUN_DIR`,
 `a3c eval RUN_DIR --episodes N [--video out.mp4]`, `a3c config CONFIG [key=value ...]`,
 `a3c plot RUN_OR_PARENT ... [-o curves.png] [--aggregate]`,
-`a3c export RUN_DIR [--format onnx|torchscript] [--best] [-o FILE]`.
+`a3c export RUN_DIR [--format onnx|torchscript] [--best] [-o FILE]`,
+`a3c tune CONFIG --space SPACE.yaml --trials N [key=value ...]`.
 
 Each command parses its arguments and calls the Python API (a3c.api), the one pipeline
 a run goes through; what is here is only what a terminal needs: the run folder's name,
@@ -19,7 +20,7 @@ from .procs import stop_on_sigterm
 # What each optional module comes with: `pip install -e ".[train]"` and so on.
 _EXTRAS = {"torch": "train", "gymnasium": "train", "yaml": "train", "tensorboard": "train",
            "tqdm": "train", "ale_py": "atari", "cv2": "atari", "av": "video", "ray": "ray",
-           "matplotlib": "plot", "onnx": "export", "onnxscript": "export"}
+           "matplotlib": "plot", "optuna": "tune", "onnx": "export", "onnxscript": "export"}
 
 
 def _count(least: int):
@@ -115,6 +116,24 @@ def _parser() -> argparse.ArgumentParser:
                         help="where to write (default: beside the checkpoint, checkpoint.onnx or "
                              "checkpoint.torchscript.pt; best.* with --best)")
     export.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
+    tune = commands.add_parser("tune", help="search a config's hyperparameters with Optuna, one run per "
+                                            "trial (needs the 'tune' extra)")
+    tune.add_argument("config", help="a shipped config's name (cartpole, acrobot, ...) or a YAML file")
+    tune.add_argument("overrides", nargs="*", help="dotted overrides, e.g. total_timesteps=100000")
+    tune.add_argument("--space", required=True, metavar="SPACE.yaml",
+                      help="config fields and their ranges, e.g. optim.lr: {type: log_float, low: 1.0e-4, "
+                           "high: 1.0e-2}; types: float, log_float, int, categorical (with choices: [...])")
+    tune.add_argument("--trials", required=True, type=_count(1),
+                      help="trials the study holds when done (complete or pruned); a study that has some "
+                           "goes on from them")
+    tune.add_argument("--storage", metavar="URL",
+                      help="where the study lives (default: sqlite:///<run_root>/tune-<name>.db); an RDB URL "
+                           "such as postgresql://user@host/db shares it between machines")
+    tune.add_argument("--study", metavar="NAME", help="the study's name (default: the config's name)")
+    tune.add_argument("-o", "--output", metavar="FILE.yaml",
+                      help="the best trial's config (default: <run_root>/tune-<name>-best.yaml)")
+    tune.add_argument("--seed", type=_count(0), default=0, help="the sampler's seed (default: 0)")
+    tune.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
     return parser
 
 
@@ -231,8 +250,29 @@ def _export(args) -> None:
     print(export(args.run_dir, args.output, args.format, best=args.best, env=_factory(args)))
 
 
+def _tune(args) -> None:
+    from .tune import tune
+
+    try:
+        best = tune(args.config, args.space, args.trials, args.overrides, args.storage, args.study,
+                    args.output, args.seed, env=_factory(args),
+                    on_trial=lambda line: print(line, file=sys.stderr, flush=True))
+    except KeyboardInterrupt:
+        print("\ninterrupted; the same command goes on with the trials still to run", file=sys.stderr)
+        raise SystemExit(130) from None
+    print(f"best of {best.trials} trials: trial {best.number}, evaluation mean {best.value:.6g}, {best.params}")
+    print(f"its config: {best.path}  (a3c train {best.path})")
+
+
 def main(argv: list[str] | None = None) -> None:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, rest = parser.parse_known_args(argv)
+    # key=value after an option (a3c tune cartpole --trials 4 total_timesteps=1e5) are
+    # overrides too: argparse stops taking positionals at the first option.
+    if rest and hasattr(args, "overrides") and all("=" in r and not r.startswith("-") for r in rest):
+        args.overrides = [*(args.overrides or []), *rest]
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
     stop_on_sigterm()
     try:
         from replay import SharedMemoryFull
@@ -247,7 +287,7 @@ def main(argv: list[str] | None = None) -> None:
 
         try:
             {"train": _train, "eval": _eval, "config": _config, "plot": _plot,
-             "export": _export}[args.command](args)
+             "export": _export, "tune": _tune}[args.command](args)
         except (ConfigError, CheckpointError, EnvError, VideoError, ClusterError, PlotError,
                 ExportError) as error:
             print(f"error: {error}", file=sys.stderr)

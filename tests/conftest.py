@@ -221,7 +221,7 @@ def hold(episodes, threshold) -> Hold | None:
 SYSTEM_MODULES = {"test_atari", "test_bench_train", "test_cli", "test_dying_consumer", "test_dying_producer",
                   "test_dying_writer", "test_example_apex", "test_learner_processes", "test_lunarlander",
                   "test_mujoco", "test_native_stress", "test_orphaned_actors", "test_ray", "test_readme",
-                  "test_shm_leaks", "test_signals", "test_spaces_end_to_end", "test_video"}
+                  "test_shm_leaks", "test_signals", "test_spaces_end_to_end", "test_tune", "test_video"}
 
 
 def pytest_collection_modifyitems(items):
