@@ -24,6 +24,30 @@ def programs_under_test_take_ctrl_c():
     yield
 
 
+@pytest.fixture
+def a3c_in_process(monkeypatch, capsys):
+    """The command line run in this process: a function of its arguments (`"eval", run_dir,
+    ...`) returning (exit code, stdout, stderr). The SIGTERM handler and the unraisable
+    hook that the command line sets are put back."""
+    from a3c.cli import main
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
+    handler = signal.getsignal(signal.SIGTERM)
+
+    def run(*args):
+        try:
+            main(list(map(str, args)))
+            code = 0
+        except SystemExit as exit:
+            code = exit.code
+        finally:
+            signal.signal(signal.SIGTERM, handler)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return run
+
+
 # The command line as installed (the `a3c` script next to this Python), or as a module.
 _SCRIPT = Path(sys.executable).with_name("a3c")
 A3C_CLI = [str(_SCRIPT)] if _SCRIPT.exists() else [sys.executable, "-m", "a3c.cli"]

@@ -4,8 +4,6 @@ recurrent states, for the kinds of observations and actions the model takes; bad
 a one-line error. The models are built untrained, with normalization statistics moved
 away from their initial values so that the export must carry them."""
 import shutil
-import signal
-import sys
 from pathlib import Path
 
 import gymnasium as gym
@@ -14,7 +12,7 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from a3c import A3C, cli
+from a3c import A3C
 from a3c.envs import make_env
 from a3c.envs.spaces import obs_to_torch, stack_obs
 from a3c.export import ExportError, export, fold_popart
@@ -266,24 +264,9 @@ def old_run(tmp_path):
 
 
 @pytest.fixture
-def a3c_export(monkeypatch, capsys):
-    """`a3c export ...` run in this process: (exit code, stdout, stderr). The SIGTERM
-    handler and the unraisable hook that the command line sets are put back."""
-    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)
-    handler = signal.getsignal(signal.SIGTERM)
-
-    def run(*args):
-        try:
-            cli.main(["export", *map(str, args)])
-            code = 0
-        except SystemExit as exit:
-            code = exit.code
-        finally:
-            signal.signal(signal.SIGTERM, handler)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+def a3c_export(a3c_in_process):
+    """`a3c export ...` run in this process: (exit code, stdout, stderr)."""
+    return lambda *args: a3c_in_process("export", *args)
 
 
 def test_a3c_export_writes_the_runs_last_checkpoint_as_onnx_beside_it(old_run, a3c_export):

@@ -3,7 +3,6 @@ at the environment's size and frame rate; what cannot be recorded is a one-line 
 leaves no file behind."""
 import functools
 import re
-import signal
 import sys
 from importlib.util import find_spec
 from pathlib import Path
@@ -14,7 +13,6 @@ import pytest
 
 from a3c import A3C
 from a3c.api import evaluate
-from a3c.cli import main
 from a3c.envs.video import record_video
 
 from conftest import assert_one_line_error
@@ -34,24 +32,11 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.fixture
-def a3c_eval(monkeypatch, capsys):
-    """`a3c eval ...` run in this process: (exit code, stdout, stderr). The SIGTERM handler
-    and the SDL driver that the command sets are put back afterwards."""
+def a3c_eval(monkeypatch, a3c_in_process):
+    """`a3c eval ...` run in this process: (exit code, stdout, stderr), with the SDL
+    driver that the command sets put back afterwards."""
     monkeypatch.setenv("SDL_VIDEODRIVER", "dummy")
-    handler = signal.getsignal(signal.SIGTERM)
-
-    def run(*args):
-        try:
-            main(["eval", *map(str, args)])
-            code = 0
-        except SystemExit as exit:
-            code = exit.code
-        finally:
-            signal.signal(signal.SIGTERM, handler)
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    return run
+    return lambda *args: a3c_in_process("eval", *args)
 
 
 def read_video(path):
