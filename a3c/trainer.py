@@ -134,6 +134,7 @@ class Trainer:
         self._restarts = [0] * cfg.actors.num
         # With actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump.
         self._ray = self._pump = None
+        self._actors_stopped = False
         self.evaluator: Evaluator | None = None  # with eval.interval_steps
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
         self.rounds: Counters | None = None  # with actors.sync: a3c.actors.local.sync_rounds
@@ -218,10 +219,13 @@ class Trainer:
                 later.callback(monitor.stop)  # drains episodes, writes the last values
             if self.evaluator is not None:  # after the checkpoint, before the sink closes
                 later.callback(lambda: self.evaluator.close(sink, final=finished and self.saved))
-            later.callback(self._stop_actors)
+            later.callback(self._stop_actors)  # also if a join below fails
             for learner in self.learners.workers:  # each ends within a gradient step once stopped
                 join_worker(learner)
             if self.learners.workers:  # else train failed while starting: nothing was learned
+                # Actors first: one that the close stopped takes back the steps it counted for
+                # fragments the queue did not take, and the checkpoint's count holds them not.
+                self._stop_actors()
                 self.save(latest_checkpoint(self.run_dir))
                 self.saved = True
 
@@ -305,6 +309,10 @@ class Trainer:
         self._pump.start()
 
     def _stop_actors(self) -> None:
+        """Stop and join every actor, once (later calls return at once)."""
+        if self._actors_stopped:
+            return
+        self._actors_stopped = True
         if self._ray is not None:
             try:
                 if self._pump is not None:

@@ -58,11 +58,15 @@ def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQu
         unroll = loop.unroll(buf, counters["policy_version"])
         report_episodes(unroll.episodes, episodes, counters)
         # Counted before the put: a learner that trains on these fragments reads a count
-        # (for its learning rate) that holds them, whatever the timing.
+        # (for its learning rate) that holds them, whatever the timing. What the queue did
+        # not take (it closed: the trainer is stopping) is taken back, so that the count,
+        # and the final checkpoint's, holds only the steps that went in.
         counters.add("env_steps", buf.size * loop.T)
         before_put = time.perf_counter()
-        if fragments.put_many(buf) < len(buf):  # waits while the learners are behind
-            return  # closed while waiting: the trainer is stopping
+        put = fragments.put_many(buf)  # waits while the learners are behind
+        if put < len(buf):
+            counters.add("env_steps", -(len(buf) - put) * loop.T)
+            return
         if gate is not None:
             gate.put()
         done_at = time.perf_counter()
