@@ -1,8 +1,9 @@
 """Metrics: a small facade over TensorBoard, and the monitor thread that feeds it.
 
 Tags live in fixed namespaces: charts/ (episodes), losses/, perf/, queue/, policy_lag/,
-replay/, ray/ (remote actors: their calls, the pump's traffic, published weights) and eval/
-(evaluation while training, a3c.evaluator).
+replay/, ray/ (remote actors: their calls, the pump's traffic, published weights), eval/
+(evaluation while training, a3c.evaluator) and selfplay/ (games against a fixed opponent,
+a3c.selfplay).
 Tests swap TensorBoard for `MemorySink`.
 """
 from __future__ import annotations
@@ -11,7 +12,7 @@ import queue
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
@@ -71,16 +72,17 @@ class Monitor(threading.Thread):
     """Writes the counters, episodes and learner statistics every `interval_s`, and
     drives the progress bar. `recent_returns` holds the last 100 episode returns.
     `gauges`, when given, returns more scalars by tag, written with the rest (the Ray
-    pump's ray/ tags)."""
+    pump's ray/ tags). `seats`, the agents of a game of several (a3c.actors.agents), adds
+    each agent's returns as charts/return_<agent>."""
 
     def __init__(self, sink: Sink, counters: Counters, fragments: ArrayQueue,
                  episodes: ArrayQueue, learner_stats: ArrayQueue, interval_s: float,
                  total_timesteps: int, progress: bool,
-                 gauges: Callable[[], dict[str, float]] | None = None):
+                 gauges: Callable[[], dict[str, float]] | None = None, seats: Sequence[str] = ()):
         super().__init__(name="a3c-monitor", daemon=True)
         self.sink, self.counters, self.fragments = sink, counters, fragments
         self.episodes, self.learner_stats = episodes, learner_stats
-        self.gauges = gauges
+        self.gauges, self.seats = gauges, list(seats)
         self.interval_s = interval_s
         self.recent_returns: deque[float] = deque(maxlen=100)
         self._done = threading.Event()
@@ -120,9 +122,11 @@ class Monitor(threading.Thread):
                 done = self.episodes.get_many(1024, block=False)
             except (queue.Empty, Closed):
                 return
-            for ret, length, step in done.tolist():
+            for ret, length, step, seat in done.tolist():
                 self.sink.scalar("charts/episodic_return", ret, step)
                 self.sink.scalar("charts/episode_length", length, step)
+                if self.seats:
+                    self.sink.scalar(f"charts/return_{self.seats[seat]}", ret, step)
                 self.recent_returns.append(ret)
 
     def mean_recent_return(self) -> float:

@@ -35,7 +35,8 @@ from .actors.local import rounds_trained, run_actor, sync_rounds
 from .actors.loop import EPISODE_DTYPE, fragment_dtype
 from .checkpoint import check_compatible, latest_checkpoint, load_state, save_checkpoint
 from .config import Config, ConfigError, config_table, config_to_dict
-from .envs import check_env_factory, make_env
+from .envs import check_env_factory
+from .envs.multiagent import run_spaces
 from .evaluator import Evaluator, eval_while_training
 from .learners.optim import build_optimizer, value_lr_problem
 from .learners.source import replay_buffer
@@ -44,6 +45,7 @@ from .learners.workers import DeviceCopy, Learners, start_learners
 from .metrics import Monitor, Sink, TensorBoardSink
 from .models import build_model
 from .procs import JOIN_TIMEOUT_S, join_worker, learner_context, worker_context
+from .selfplay import games_while_training
 
 __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_learner_settings"]
 
@@ -63,15 +65,13 @@ _EPISODE_QUEUE = 4096
 def build_default_model(cfg: Config, env_factory: Callable | None = None) -> torch.nn.Module:
     """The model the config describes, for the config's environment (or `env_factory`'s);
     with `deterministic`, its initial weights drawn from `seed`."""
-    env = make_env(cfg.env, env_factory=env_factory)
+    spaces = run_spaces(cfg.env, env_factory)  # with env.multiagent, one agent's
     if cfg.deterministic:
         torch.manual_seed(cfg.seed)
     try:
-        return build_model(env.observation_space, env.action_space, cfg.model, cfg.env.action_mask != "none")
+        return build_model(spaces.observation, spaces.action, cfg.model, cfg.env.action_mask != "none")
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
-    finally:
-        env.close()
 
 
 def check_learner_settings(cfg: Config, model: torch.nn.Module) -> None:
@@ -135,7 +135,8 @@ class Trainer:
         # With actors.mode ray: a3c.actors.cluster.RayRuntime and a3c.actors.remote.Pump.
         self._ray = self._pump = None
         self._actors_stopped = False
-        self.evaluator: Evaluator | None = None  # with eval.interval_steps
+        # With eval.interval_steps; or selfplay.eval_games (games against a fixed opponent).
+        self.evaluator: Evaluator | None = None
         self.device_copy: DeviceCopy | None = None  # the learners' model on an accelerator
         self.rounds: Counters | None = None  # with actors.sync: a3c.actors.local.sync_rounds
         # Made by train(): the fragment and episode queues, the replay buffer (with
@@ -157,10 +158,9 @@ class Trainer:
             torch.manual_seed(cfg.seed)
         try:  # whatever fails, `_shutdown` releases what was made (counters included)
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            env = make_env(cfg.env, env_factory=self.env_factory)
-            dtype = fragment_dtype(env.observation_space, env.action_space, cfg.actors.unroll_length,
+            spaces = run_spaces(cfg.env, self.env_factory)  # with env.multiagent, one agent's
+            dtype = fragment_dtype(spaces.observation, spaces.action, cfg.actors.unroll_length,
                                    getattr(self.model, "state_size", 0))
-            env.close()
             self.fragments = ArrayQueue(cfg.actors.queue_capacity, dtype)
             self.episodes = ArrayQueue(_EPISODE_QUEUE, EPISODE_DTYPE)
             self.replay = replay_buffer(cfg, dtype)
@@ -169,6 +169,8 @@ class Trainer:
                 self.rounds = sync_rounds(cfg, self.counters["fresh_batches"])
             if cfg.eval.interval_steps:  # forked, as the actors are, while this process runs one thread
                 self.evaluator = eval_while_training(cfg, self.model, self.counters, self.run_dir, self.env_factory)
+            elif cfg.selfplay.eval_games:  # games against a fixed opponent, with its interface
+                self.evaluator = games_while_training(cfg, self.model, self.counters, self.env_factory)
             if cfg.actors.mode == "ray":
                 self._start_remote_actors()
             else:
@@ -190,7 +192,7 @@ class Trainer:
             monitor = self.monitor = Monitor(
                 sink, self.counters, self.fragments, self.episodes, self.learner_stats,
                 cfg.logging.interval_s, cfg.total_timesteps, cfg.logging.progress,
-                gauges=self._pump.gauges if self._pump is not None else None)
+                gauges=self._pump.gauges if self._pump is not None else None, seats=spaces.agents)
             monitor.start()
             self._supervise(sink)
             finished = True

@@ -28,6 +28,7 @@ mean after first reaching the threshold.
     python scripts/bench_train.py --tasks invaders --only a3c --marks 50 79  # when it passes SB3's finals
     python scripts/bench_train.py --tasks novel --only a3c a3c-no-lstm recurrent-ppo
     python scripts/bench_train.py --tasks hopper walker --only a3c ppo  # hours
+    python scripts/bench_train.py --tasks tictactoe --seeds 1 2 3  # self-play: until no loss to random
     python scripts/bench_train.py --tasks walker hopper --only a3c epochs-2-replay-1-bound-0.1 --seeds 1 2 3
     python scripts/bench_train.py --tasks walker --only ppo a3c --seeds 1 --minutes 10
     python scripts/bench_train.py --tasks walker --only a3c --budget-scale 2.5 --minutes 10  # as long as SB3
@@ -637,6 +638,34 @@ def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool 
     return result
 
 
+# Tic-tac-toe (configs/tictactoe.yaml, PettingZoo's tictactoe_v3): self-play, judged by the
+# run's own evaluator (selfplay.eval_games games against a uniformly random player, the policy
+# taking each seat in turn), not by returns, which self-play makes zero-sum. Recorded: the wall
+# seconds from launch, and the env (agent) steps, until an evaluation first has no loss.
+# Run only when named (--tasks tictactoe); --only does not apply.
+SELFPLAY = {"tictactoe": ("configs/tictactoe.yaml", (1, 2, 3))}
+
+
+def run_selfplay(config: str, seed: int) -> tuple[tuple[float, int] | None, float, int]:
+    """(wall s and steps at the first evaluation without a loss, or None; wall s; steps)."""
+    from a3c import A3C
+    from a3c.metrics import MemorySink
+
+    hit = None
+
+    class Evaluations(MemorySink):  # the trainer charts each evaluation as it ends
+        def scalar(self, tag, value, step):
+            nonlocal hit
+            if tag == "selfplay/loss_rate" and value == 0 and hit is None:
+                hit = (time.perf_counter() - start, step)
+
+    start = time.perf_counter()
+    agent = A3C(ROOT / config, seed=seed, logging__progress=False, checkpoint__interval_s=0,
+                logging__run_root="/tmp/a3c-bench-runs")
+    agent.learn(sink=Evaluations())
+    return hit, time.perf_counter() - start, agent.num_timesteps
+
+
 def zoo_hyperparams(env_id: str) -> dict:
     """RL Zoo's PPO hyperparameters for env_id, as keyword arguments."""
     import rl_zoo3
@@ -759,7 +788,7 @@ def fmt_hit(hit: tuple[float, int] | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", nargs="+", choices=list(TASKS),
+    parser.add_argument("--tasks", nargs="+", choices=[*TASKS, *SELFPLAY],
                         help="default: the tasks with a shipped config "
                              f"({' '.join(STABILITY_TASKS)} with --stability)")
     parser.add_argument("--seeds", type=int, nargs="+",
@@ -785,6 +814,8 @@ def main() -> None:
     exit_on_sigterm()
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
                                 else [name for name, task in TASKS.items() if task.config and task.suite])
+    selfplay = [name for name in args.tasks if name in SELFPLAY]  # judged by evaluations, not returns
+    args.tasks = [name for name in args.tasks if name not in SELFPLAY]
     args.only = args.only or (["a3c"] if args.stability else
                               ["a3c", *ABLATIONS] if args.ablation else [*A3C_VARIANTS, "ppo"])
     scale = args.budget_scale or (10.0 if args.stability else 1.0)
@@ -807,6 +838,21 @@ def main() -> None:
     seconds = 60 * args.minutes if args.minutes else None
     print(machine("numpy", "torch", "gymnasium", "stable-baselines3", "sb3-contrib", "rl_zoo3"))
     table: dict[tuple[str, str], list[Result]] = {}
+    for name in selfplay:
+        config, seeds = SELFPLAY[name]
+        print(f"\n== {name}: wall time until an evaluation of the self-play policy has no loss", flush=True)
+        hits = []
+        for seed in args.seeds or seeds:
+            hit, wall, steps = run_selfplay(config, seed)
+            hits.append(hit)
+            print(f"a3c          seed {seed}: first evaluation without a loss at {fmt_hit(hit)}; "
+                  f"{steps} steps in {wall:.1f} s", flush=True)
+        reached = [h for h in hits if h]
+        print(f"{name}: reached on {len(reached)}/{len(hits)} seeds" + (
+            f", median {statistics.median(h[0] for h in reached):.1f} s, "
+            f"{statistics.median(h[1] for h in reached):.0f} steps" if reached else ""), flush=True)
+    if not args.tasks:
+        return
     for name in args.tasks:
         task, budget = TASKS[name], int(budget_of(TASKS[name]) * scale)
         if task.requires and not importlib.util.find_spec(task.requires):

@@ -169,7 +169,7 @@ def test_finished_episodes_report_the_return_and_length_of_the_fragments(actor_r
                 ret, length = 0.0, 0
     reported = collections.Counter()
     while sum(reported.values()) < sum(from_fragments.values()):
-        for ret, length, _ in run.episodes.get_many(256, timeout=20).tolist():
+        for ret, length, *_ in run.episodes.get_many(256, timeout=20).tolist():
             assert length in (TERMINAL_STEP, TIME_LIMIT)
             reported[(ret, length)] += 1
     assert from_fragments and not (from_fragments - reported)

@@ -1,6 +1,7 @@
 """Local actors: processes or threads of the trainer's machine (`actors.mode` process or
 thread), each stepping its environments with a private copy of the shared policy and
 putting the fragments into the learners' queue; and synchronous actors (`actors.sync`).
+With `env.multiagent`, an actor plays games of several agents (a3c.actors.agents).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from ..config import Config
 from ..envs import make_vector_env
 from ..models.weights import WeightCopy, clone_policy
 from ..procs import as_worker_process
+from .agents import run_agents
 from .loop import ActorLoop, actor_seed, report_episodes
 
 __all__ = ["SyncGate", "rounds_trained", "run_actor", "sync_rounds"]
@@ -34,6 +36,9 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         as_worker_process()
         if cfg.deterministic:  # its samples from its own seed, however the process was started
             torch.manual_seed(actor_seed(cfg, actor_id))
+    if cfg.env.multiagent:  # games of several agents: a loop of their own
+        run_agents(cfg, model, fragments, episodes, counters, actor_seed(cfg, actor_id), env_factory)
+        return
     envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
     try:
         gate = SyncGate(cfg, counters, rounds, actor_id, fragments) if cfg.actors.sync else None

@@ -35,8 +35,9 @@ from ..envs.spaces import action_record, flat_obs, obs_record, obs_to_torch, sta
 
 __all__ = ["EPISODE_DTYPE", "ActorLoop", "Unroll", "actor_seed", "fragment_dtype", "report_episodes"]
 
-# One finished episode, for charts/episodic_return and charts/episode_length.
-EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8")])
+# One finished episode, for charts/episodic_return and charts/episode_length; `seat`: the
+# agent's index in a game of several agents (a3c.actors.agents), else 0.
+EPISODE_DTYPE = np.dtype([("ret", "f8"), ("length", "i8"), ("step", "i8"), ("seat", "i8")])
 
 
 def fragment_dtype(observation_space: gym.Space, action_space: gym.Space, T: int,

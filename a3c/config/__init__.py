@@ -11,10 +11,10 @@ itself (environments, devices) is checked by a3c.envs.preflight when a run start
 from .load import apply_overrides, config_path, config_to_dict, load_config, save_config, shipped_configs
 from .reference import config_table, describe
 from .schema import (ActorsConfig, CheckpointConfig, Config, ConfigError, EnvConfig, EvalConfig, LearnersConfig,
-                     LoggingConfig, ModelConfig, OptimConfig, RayConfig, ReplayConfig, VTraceConfig,
+                     LoggingConfig, ModelConfig, OptimConfig, RayConfig, ReplayConfig, SelfPlayConfig, VTraceConfig,
                      field_help)
 
 __all__ = ["ActorsConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig", "LearnersConfig",
-           "LoggingConfig", "ModelConfig", "OptimConfig", "RayConfig", "ReplayConfig",
+           "LoggingConfig", "ModelConfig", "OptimConfig", "RayConfig", "ReplayConfig", "SelfPlayConfig",
            "VTraceConfig", "apply_overrides", "config_path", "config_table", "config_to_dict", "describe", "field_help",
            "load_config", "save_config", "shipped_configs"]

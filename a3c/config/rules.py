@@ -175,6 +175,46 @@ def _check_sync(cfg: Config, problems: list[str], bad: set[str]) -> None:
                         f"{per_round}); change one of them, or set actors.sync to false")
 
 
+def _check_multiagent(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """A PettingZoo environment (env.multiagent) comes from an entry point or a factory,
+    and its actors fill fragments agent by agent (a3c.actors.agents): local actors that
+    do not wait for rounds. The selfplay section is for such runs."""
+    env, selfplay = cfg.env, cfg.selfplay
+    if "selfplay.eval_opponent" not in bad and selfplay.eval_opponent != "random" \
+            and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_][\w.]*", selfplay.eval_opponent):
+        problems.append(f"selfplay.eval_opponent: {selfplay.eval_opponent!r} is not allowed; use random, or "
+                        f"module:function (a function of (obs, mask) returning an action)")
+    if "env.multiagent" in bad:
+        return
+    if not env.multiagent:
+        for key in ("pool_size", "eval_games"):
+            if getattr(selfplay, key) and f"selfplay.{key}" not in bad:
+                problems.append(f"selfplay.{key}: {getattr(selfplay, key)} is for games of several agents, and "
+                                f"env.multiagent is false; set env.multiagent: true (a PettingZoo environment), "
+                                f"or selfplay.{key} to 0")
+        return
+    if env.entry_point is None and env.factory is None:
+        problems.append("env.multiagent: true needs env.entry_point (module:callable returning a PettingZoo "
+                        "AECEnv or ParallelEnv, e.g. pettingzoo.classic.tictactoe_v3:env) or A3C(config, env=factory)")
+    unsupported = [
+        ("env.atari", env.atari, "env.atari: true preprocesses a single-agent Atari environment, and "
+                                 "env.multiagent is true; set env.atari to false"),
+        ("env.max_episode_steps", env.max_episode_steps is not None,
+         f"env.max_episode_steps: {env.max_episode_steps} is a gymnasium time limit, and env.multiagent is "
+         f"true; set the game's own in env.kwargs (max_cycles for PettingZoo's MPE and Butterfly games), and "
+         f"this to null"),
+        ("actors.mode", cfg.actors.mode == "ray", "actors.mode: ray runs single-agent actors, and "
+                                                  "env.multiagent is true; use process or thread"),
+        ("actors.sync", cfg.actors.sync, "actors.sync: true acts rounds of one fragment per environment, and "
+                                         "a multi-agent actor's fragments come as its agents fill them; set "
+                                         "actors.sync to false"),
+        ("eval.interval_steps", cfg.eval.interval_steps > 0,
+         f"eval.interval_steps: {cfg.eval.interval_steps} evaluates episodes of a single-agent environment, "
+         f"and env.multiagent is true; set it to 0, and selfplay.eval_games to play games against a fixed "
+         f"opponent")]
+    problems += [message for key, used, message in unsupported if used and key not in bad]
+
+
 def _check_eval(cfg: Config, problems: list[str], bad: set[str]) -> None:
     """eval.judges_target stops a run on evaluations, so there must be evaluations and a target."""
     if not cfg.eval.judges_target or {"eval.judges_target", "eval.interval_steps", "target_return"} & bad:
@@ -250,6 +290,7 @@ def validate(data: Mapping[str, Any], problems: list[str], source: str | None = 
     _check_sync(cfg, problems, bad)
     _check_eval(cfg, problems, bad)
     _check_deterministic(cfg, problems, bad)
+    _check_multiagent(cfg, problems, bad)
     if "learners.device" not in bad:
         _check_device(cfg.learners, problems)
     _check_ray(cfg.ray, problems, bad)

@@ -14,7 +14,7 @@ from typing import Any
 
 __all__ = ["ActorsConfig", "CheckpointConfig", "Config", "ConfigError", "EnvConfig", "EvalConfig",
            "LearnersConfig", "LoggingConfig", "ModelConfig", "OptimConfig", "RayConfig", "ReplayConfig",
-           "VTraceConfig", "field_help", "leaves", "type_name"]
+           "SelfPlayConfig", "VTraceConfig", "field_help", "leaves", "type_name"]
 
 
 def _f(default: Any, help: str, **rules: Any) -> Any:
@@ -45,6 +45,9 @@ class EnvConfig:
                           "observation's action_mask entry), info (info['action_mask']), method (an "
                           "action_masks() method), auto (the entry, else the method), none (no masks)",
                           choices=("auto", "observation", "info", "method", "none"))
+    multiagent: bool = _f(False, "the environment is a PettingZoo one (an AECEnv or ParallelEnv from "
+                          "entry_point or A3C's env= factory): one policy acts for every agent, each "
+                          "agent's steps its own fragments; steps count agent steps")
     factory: str | None = _f(None, "set by A3C(config, env=factory), not by hand: the factory's "
                              "module:name; such a run needs it again: A3C.load(path, env=factory)")
 
@@ -224,6 +227,25 @@ class RayConfig:
 
 
 @dataclass
+class SelfPlayConfig:
+    pool_size: int = _f(0, "past versions of the policy each actor keeps to play the other seats of a "
+                        "game, the first the policy it starts with (0: the policy plays every seat)", ge=0)
+    snapshot_interval: int = _f(10_000, "policy versions (gradient steps) between the snapshots an actor "
+                                "adds to its pool, the oldest leaving a full one", ge=1)
+    pool_prob: float = _f(0.5, "share of games in which one past version from the pool plays every seat "
+                          "but one, chosen at random (those seats make no fragments)", ge=0, le=1)
+    eval_games: int = _f(0, "games each evaluation of the newest weights plays against eval_opponent, "
+                         "greedy, in a process of its own, the policy taking each seat in turn; charted as "
+                         "selfplay/win_rate, draw_rate and loss_rate, by the sign of its return (0: none)", ge=0)
+    eval_interval_steps: int = _f(20_000, "env steps between the evaluations against eval_opponent; one more "
+                                  "at the end of the run", ge=1)
+    eval_opponent: str = _f("random", "the fixed opponent of the evaluator: random (uniform over the "
+                            "valid actions), or module:function(obs, mask) -> action (obs: the agent's "
+                            "observation without its mask; mask: the flat mask, 1 = valid, or None; a "
+                            "discrete action as its index from 0, as the mask counts)")
+
+
+@dataclass
 class Config:
     name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
     seed: int = _f(1, "random seed", ge=0)
@@ -249,6 +271,7 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+    selfplay: SelfPlayConfig = field(default_factory=SelfPlayConfig)
 
 
 class ConfigError(ValueError):

@@ -5,6 +5,8 @@ their observations and actions are stored, and the episodes a policy plays in th
                   wrappers; make_env and make_vector_env
     preflight.py  the checks of environment, device and queue a run makes before it starts
     spaces.py     observations and actions in fragment records and as tensors
+    masks.py      action masks, read where users put them, as one observation entry
+    multiagent.py PettingZoo games as each agent's turns (env.multiagent)
     wrappers.py   wrappers a config can name (a3c.wrappers:KeepObservation)
     play.py       the episode loop of evaluate and video
     video.py      a3c eval --video

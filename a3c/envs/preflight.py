@@ -19,6 +19,7 @@ import gymnasium as gym
 from ..config import Config, ConfigError, EnvConfig
 from ..files import excerpt
 from .masks import MASK_KEY, MaskError, sample_valid
+from .multiagent import probe_game
 from .sources import MODULE, EnvError, check_env_factory, import_env_module, load_object, make_env, wrapper_spec
 
 __all__ = ["device_available", "device_problems", "preflight", "probe", "probe_env"]
@@ -40,6 +41,8 @@ def probe_env(cfg: Config, env_factory: Callable | None = None) -> None:
     """One environment of the run, made, reset and stepped once as a run starts (after the
     model is built from its spaces, whose problems come first), or an EnvError saying in
     one line what it returned that gymnasium's API (0.26 and later) does not."""
+    if cfg.env.multiagent:  # a PettingZoo game: its own probe
+        return probe_game(cfg, env_factory)
     env = make_env(cfg.env, env_factory=env_factory)
     try:
         probe(env, f"env.id {cfg.env.id!r}", unread_masks=cfg.env.action_mask == "auto")

@@ -31,7 +31,7 @@ from ..files import excerpt
 from .masks import MaskError, with_action_mask
 
 __all__ = ["EnvError", "check_env_factory", "env_action", "factory_keywords", "factory_name", "import_env_module",
-           "load_object", "make_env", "make_vector_env", "wrapper_spec"]
+           "is_game", "load_object", "make_env", "make_vector_env", "wrapper_spec"]
 
 MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 OBJECT_PATH = re.compile(rf"({MODULE.pattern}):({MODULE.pattern})")  # module:name, gymnasium's form
@@ -168,6 +168,9 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None,
              env_factory: Callable | None = None) -> gym.Env:
     """Create one environment from the config's source (or `env_factory`), with its time
     limit, Atari preprocessing, frame stacking and wrappers."""
+    if cfg.multiagent:  # a3c.envs.multiagent makes those
+        raise EnvError("env.multiagent: a game of several agents is not a gymnasium environment, and this "
+                       "plays one (a3c eval and --video do); evaluate it with selfplay.eval_games")
     for i, name in enumerate(cfg.imports):
         _named(f"env.imports[{i}]", import_env_module, name)
     if env_factory is not None or cfg.factory is not None:
@@ -244,9 +247,19 @@ def _checked(what: str, make: Callable[[], Any], kwargs: Mapping[str, Any]) -> g
     except Exception as error:  # a constructor may raise anything; name it and the cause
         raise EnvError(f"{what} with kwargs {dict(kwargs)}: {type(error).__name__}: {error}") from error
     if not isinstance(env, gym.Env):
-        raise EnvError(f"{what} returned a {type(env).__name__}, not a gymnasium.Env; "
-                       f"subclass gymnasium.Env (or gymnasium.Wrapper)")
+        fix = ("it is a PettingZoo environment: set env.multiagent: true" if is_game(env) else
+               "subclass gymnasium.Env (or gymnasium.Wrapper)")
+        raise EnvError(f"{what} returned a {type(env).__name__}, not a gymnasium.Env; {fix}")
     return env
+
+
+def is_game(obj: Any) -> bool:
+    """Whether `obj` is a PettingZoo environment (AEC or Parallel): a3c.envs.multiagent's."""
+    try:
+        from pettingzoo import AECEnv, ParallelEnv
+    except ImportError:
+        return False
+    return isinstance(obj, (AECEnv, ParallelEnv))
 
 
 def make_vector_env(cfg: EnvConfig, num_envs: int, env_factory: Callable | None = None
