@@ -94,18 +94,23 @@ def loop_of(cfg, games, T):
     return AgentLoop(games, model, T, 0, fragment_dtype(*spaces, T, getattr(model, "state_size", 0))), model
 
 
+def unrolled(loop, n: int, version: int):
+    """The fragments and finished episodes of `n` unrolls of `loop`, each concatenated."""
+    fragments, episodes = [], []
+    for _ in range(n):
+        ready, unroll = loop.unroll(version=version)
+        fragments.append(ready)
+        episodes.append(unroll.episodes)
+    return np.concatenate(fragments), np.concatenate(episodes)
+
+
 def test_every_agent_step_lands_once_in_its_own_stream_with_its_own_reward_and_end():
     cfg = load_config({"env": {"multiagent": True, "entry_point": "x:y"}})
     T, G = 4, 2
     games = [Game(Leaving()) for _ in range(G)]
     first_game = games[0].env.game
     loop, _ = loop_of(cfg, games, T)
-    fragments, episodes = [], []
-    for _ in range(12):
-        ready, unroll = loop.unroll(version=3)
-        fragments.append(ready)
-        episodes.append(unroll.episodes)
-    fragments, episodes = np.concatenate(fragments), np.concatenate(episodes)
+    fragments, episodes = unrolled(loop, 12, version=3)
     streams: dict[tuple[int, int], list] = {}  # (game, agent) -> its steps in the order they came
     for fragment in fragments:
         obs = fragment["obs"]
@@ -140,12 +145,7 @@ def test_a_turn_based_game_acts_only_valid_moves_and_rewards_both_seats_at_its_e
     games = [make_game(cfg.env) for _ in range(3)]
     assert games[0].agents == ["player_1", "player_2"] and not games[0].parallel
     loop, _ = loop_of(cfg, games, T=8)
-    fragments, episodes = [], []
-    for _ in range(20):
-        ready, unroll = loop.unroll(version=0)
-        fragments.append(ready)
-        episodes.append(unroll.episodes)
-    fragments, episodes = np.concatenate(fragments), np.concatenate(episodes)
+    fragments, episodes = unrolled(loop, 20, version=0)
     assert len(fragments) > 10
     masks, actions = fragments["obs"]["action_mask"], fragments["action"]
     assert (np.take_along_axis(masks, actions[..., None], -1) == 1).all()  # every move was valid
