@@ -45,7 +45,7 @@ os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT / "tests"), os
 from mask_envs import ChooseBest  # noqa: E402  (tests/mask_envs.py)
 
 A3C_SETTINGS = {"learners__gamma": 0.98, "vtrace__td_lambda": 0.8, "optim__lr": 3e-3,
-                "actors__unroll_length": 8, "learners__minibatches": 4}
+                "actors__unroll_length": 8, "learners__minibatches": 2}
 THRESHOLD = 19.0
 BUDGET = 100_000
 CARTPOLE_ZOO = {"n_steps": 32, "batch_size": 256, "gae_lambda": 0.8, "gamma": 0.98, "n_epochs": 20,
