@@ -26,7 +26,7 @@ import torch
 from replay import Counters
 
 from .config import Config
-from .envs.masks import sample_valid
+from .envs.masks import random_action
 from .envs.multiagent import Game, make_game, unmasked
 from .envs.sources import load_object
 from .envs.spaces import obs_to_torch, stack_obs
@@ -65,7 +65,7 @@ def opponent(spec: str, action_space: gym.Space, seed: int = 0) -> Callable[[Any
     space = copy.deepcopy(action_space)
     space.seed(seed)
     start = getattr(space, "start", 0)  # a Discrete or MultiDiscrete space's first action
-    return lambda obs, mask: np.asarray(space.sample() if mask is None else sample_valid(space, mask)) - start
+    return lambda obs, mask: np.asarray(random_action(space, mask)) - start
 
 
 def play_games(model: torch.nn.Module, tables: list[Game], against: Callable, games: int, seed: int = 0,

@@ -34,7 +34,7 @@ import gymnasium as gym
 import numpy as np
 
 __all__ = ["MASK_KEY", "OBS_KEY", "ActionMasked", "MaskError", "flat_mask", "mask_size", "mask_source",
-           "masked_space", "sample_valid", "with_action_mask"]
+           "has_mask_entry", "masked_space", "random_action", "sample_valid", "with_action_mask"]
 
 MASK_KEY = "action_mask"
 OBS_KEY = "observation"  # the entry of a masked observation that holds a non-Dict observation
@@ -89,6 +89,16 @@ def _components(mask: np.ndarray, action_space: gym.Space) -> list[np.ndarray]:
     if isinstance(action_space, gym.spaces.Discrete):
         return [mask]
     return np.split(mask, np.cumsum(action_space.nvec)[:-1], axis=-1)
+
+
+def has_mask_entry(space: gym.Space) -> bool:
+    """Whether observations of `space` carry a mask: a Dict with an "action_mask" entry."""
+    return isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+
+
+def random_action(action_space: gym.Space, mask: np.ndarray | None = None) -> Any:
+    """A uniformly random action: among those a flat mask allows, where there is one."""
+    return action_space.sample() if mask is None else sample_valid(action_space, mask)
 
 
 def sample_valid(action_space: gym.Space, mask: np.ndarray) -> Any:
@@ -170,8 +180,7 @@ def mask_source(env: gym.Env, setting: str) -> str | None:
         return None
     if setting != "auto":
         return setting
-    space = env.observation_space
-    if isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces:
+    if has_mask_entry(env.observation_space):
         return "observation"
     return "method" if _has_method(env) else None
 
@@ -183,7 +192,7 @@ def with_action_mask(env: gym.Env, setting: str, describe: Callable[[], str] = l
     if source is None:
         return env
     space = env.observation_space
-    if source == "observation" and not (isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces):
+    if source == "observation" and not has_mask_entry(space):
         raise MaskError(f"env.action_mask: observation, but {describe()}'s observation space has no "
                         f"'action_mask' entry ({space}); use info, method or auto")
     if source == "method" and not _has_method(env):

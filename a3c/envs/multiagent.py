@@ -23,7 +23,7 @@ import gymnasium as gym
 import numpy as np
 
 from ..config import Config, EnvConfig
-from .masks import MASK_KEY, OBS_KEY, MaskError, flat_mask, masked_space, sample_valid
+from .masks import MASK_KEY, OBS_KEY, MaskError, flat_mask, has_mask_entry, masked_space, random_action
 from .sources import (EnvError, _named, env_action, factory_name, import_env_module, is_game, load_object,
                       make_env, wrapper_spec)
 
@@ -148,7 +148,7 @@ def shared_spaces(env: Any, agents: Sequence[str]) -> tuple[gym.Space, gym.Space
 
 def _mask_source(space: gym.Space, setting: str) -> str | None:
     """Where the agents' masks come from under `env.action_mask` (None: no masks)."""
-    has_entry = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+    has_entry = has_mask_entry(space)
     if setting == "auto":
         return "observation" if has_entry else None
     if setting == "observation" and not has_entry:
@@ -239,7 +239,7 @@ def probe_game(cfg: Config, env_factory: Callable | None = None) -> None:
     try:
         turns = game.reset(seed=0)
         stage = "step()"
-        game.step({t.agent: np.asarray(_random_action(game.action_space, t.obs))
+        game.step({t.agent: np.asarray(random_action(game.action_space, unmasked(t.obs)[1]))
                    for t in turns if not (t.terminated or t.truncated)})
     except EnvError:
         raise
@@ -249,7 +249,3 @@ def probe_game(cfg: Config, env_factory: Callable | None = None) -> None:
         game.close()
 
 
-def _random_action(space: gym.Space, obs: Any) -> Any:
-    """A random action, a valid one where the observation carries a mask."""
-    mask = unmasked(obs)[1]
-    return space.sample() if mask is None else sample_valid(space, mask)

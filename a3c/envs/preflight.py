@@ -18,7 +18,7 @@ import gymnasium as gym
 
 from ..config import Config, ConfigError, EnvConfig
 from ..files import excerpt
-from .masks import MASK_KEY, MaskError, sample_valid
+from .masks import MASK_KEY, MaskError, has_mask_entry, random_action
 from .multiagent import probe_game
 from .sources import MODULE, EnvError, check_env_factory, import_env_module, load_object, make_env, wrapper_spec
 
@@ -50,10 +50,6 @@ def probe_env(cfg: Config, env_factory: Callable | None = None) -> None:
         env.close()
 
 
-def _masked(space: gym.Space) -> bool:
-    return isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
-
-
 def probe(env: gym.Env, what: str, unread_masks: bool = False) -> None:
     """One reset and one step of `env`, or an EnvError naming what it returned that
     gymnasium's API does not: reset gives (observation, info), step gives (observation,
@@ -72,11 +68,12 @@ def probe(env: gym.Env, what: str, unread_masks: bool = False) -> None:
     if not (isinstance(reset, tuple) and len(reset) == 2 and isinstance(reset[1], dict)):
         raise EnvError(f"{what}: reset() returned {_shape_of(reset)}, where gymnasium's API returns "
                        f"(observation, info){old_api}")
-    if unread_masks and MASK_KEY in reset[1] and not _masked(env.observation_space):
+    if unread_masks and MASK_KEY in reset[1] and not has_mask_entry(env.observation_space):
         raise EnvError(f"{what}: reset's info holds an 'action_mask', which env.action_mask: auto does not "
                        f"read (it looks before any reset); set env.action_mask: info to use it, or none")
     try:
-        step = env.step(_an_action(env, reset[0]))
+        mask = reset[0][MASK_KEY] if has_mask_entry(env.observation_space) else None
+        step = env.step(random_action(env.action_space, mask))
     except MaskError as error:
         raise EnvError(f"{what}: {error}") from None
     except Exception as error:
@@ -84,13 +81,6 @@ def probe(env: gym.Env, what: str, unread_masks: bool = False) -> None:
     if not (isinstance(step, tuple) and len(step) == 5):
         raise EnvError(f"{what}: step() returned {_shape_of(step)}, where gymnasium's API returns "
                        f"(observation, reward, terminated, truncated, info){old_api}")
-
-
-def _an_action(env: gym.Env, obs: Any) -> Any:
-    """A random action, a valid one where the observation carries a mask."""
-    if _masked(env.observation_space):
-        return sample_valid(env.action_space, obs[MASK_KEY])
-    return env.action_space.sample()
 
 
 def _shape_of(value: Any) -> str:

@@ -41,7 +41,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Distribution
 
-from ..envs.masks import MASK_KEY, mask_size
+from ..envs.masks import MASK_KEY, has_mask_entry, mask_size
 from ..envs.spaces import Obs, check_action_space, is_composite, leaves, tree_map
 from .heads import head_for
 from .normalize import LeafNorms, ObservationNorm, PopArt
@@ -292,7 +292,7 @@ class ActorCritic(nn.Module):
 def _mask_key(observation_space: gym.Space, action_space: gym.Space) -> str | None:
     """"action_mask" when the observations carry a mask (a3c.envs.masks) that fits the
     actions' logits, None when they carry none; a mask that cannot fit is a ValueError."""
-    if not (isinstance(observation_space, gym.spaces.Dict) and MASK_KEY in observation_space.spaces):
+    if not has_mask_entry(observation_space):
         return None
     mask, size = observation_space.spaces[MASK_KEY], mask_size(action_space)
     if not isinstance(mask, (gym.spaces.MultiBinary, gym.spaces.Box)) or tuple(mask.shape) != (size,):
