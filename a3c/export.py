@@ -91,6 +91,8 @@ def frozen(model: nn.Module) -> nn.Module:
     """A copy of `model` on the CPU for inference, with PopArt folded into its value layer;
     the model itself is not changed (a training run may still be using it)."""
     model = copy.deepcopy(model).cpu()
+    if hasattr(model, "precision"):  # an exported graph runs in float32, without autocast
+        model.precision = "float32"
     if getattr(model, "popart", None) is not None:
         model.value_head = fold_popart(model.value_head)
     return model.eval().requires_grad_(False)

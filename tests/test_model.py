@@ -283,3 +283,68 @@ def test_layer_norm_gives_every_hidden_layer_of_both_torsos_zero_mean_unit_varia
         torch.testing.assert_close(h.var(-1, unbiased=False), torch.ones(N), atol=1e-3, rtol=0)
     plain = ActorCritic(obs_space, PENDULUM[1], hidden_sizes=(16, 8), activation="relu", shared_torso=False)
     assert not any(isinstance(m, torch.nn.LayerNorm) for m in plain.modules())
+
+
+def test_the_first_convolution_scales_its_weights_as_the_input_would_have_been_scaled():
+    """A CNN reads byte images unscaled and multiplies its first layer's weights by 1/255:
+    the same layer, and the same gradient, as a plain convolution of the scaled input."""
+    from a3c.models.torsos import ScaledConv2d
+    scaled = ScaledConv2d(4, 32, 8, stride=4, input_scale=1 / 255)
+    plain = torch.nn.Conv2d(4, 32, 8, stride=4)
+    plain.load_state_dict(scaled.state_dict())
+    x = torch.randint(0, 256, (3, 4, 84, 84)).float()
+    a, b = scaled(x), plain(x / 255)
+    torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    assert (scaled.weight.grad - plain.weight.grad).norm() <= 1e-5 * plain.weight.grad.norm()
+
+
+def test_a_bfloat16_torso_gives_the_float32_loss_and_gradients_within_bfloat16_rounding():
+    """The faster path of the Nature CNN's update (model.precision bfloat16): the same
+    batch and weights give a loss within 1 % of float32's, a gradient within 15 % of
+    float32's (norm of the difference over float32's norm; 6-8 % seen) and every
+    parameter's gradient pointing the same way (cosine >= 0.98; 0.991 seen). bfloat16
+    keeps 8 bits of mantissa: 0.4 % per product, before the sums."""
+    from a3c.config import Config
+    from a3c.learners.batch import Batch
+    from a3c.learners.loss import compute_loss
+    cfg = Config()
+    T, B = 5, 8
+    obs = torch.as_tensor(np.stack([ATARI[0].sample() for _ in range((T + 1) * B)])).reshape(T + 1, B, 4, 84, 84)
+    batch = Batch(obs=obs[:T], action=torch.randint(0, 6, (T, B)), reward=torch.randn(T, B),
+                  logp=torch.full((T, B), -math.log(6)), terminated=torch.zeros(T, B, dtype=torch.bool),
+                  truncated=torch.zeros(T, B, dtype=torch.bool), trunc_value=torch.zeros(T, B),
+                  version=torch.zeros(T, B, dtype=torch.long), bootstrap_obs=obs[T])
+    results = {}
+    for precision in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        model = ActorCritic(*ATARI, precision=precision)
+        loss = compute_loss(model, batch, cfg).total
+        loss.backward()
+        results[precision] = loss.item(), [p.grad for p in model.parameters()]
+    (loss32, grads32), (loss16, grads16) = results["float32"], results["bfloat16"]
+    assert loss16 == pytest.approx(loss32, rel=1e-2)
+    whole32, whole16 = (torch.cat([g.flatten() for g in grads]) for grads in (grads32, grads16))
+    assert (whole16 - whole32).norm() <= 0.15 * whole32.norm()
+    for g32, g16 in zip(grads32, grads16):
+        assert torch.nn.functional.cosine_similarity(g16.flatten(), g32.flatten(), dim=0) >= 0.98
+
+
+@pytest.mark.parametrize("spaces_, native, expected", [
+    (ATARI, True, torch.bfloat16), (ATARI, False, torch.float32),
+    ((spaces.Box(0, 1, (10, 10, 4), bool), spaces.Discrete(6)), True, torch.float32),  # MinAtar: small CNN
+    (CARTPOLE, True, torch.float32)], ids=["nature-native", "nature-emulated", "small-cnn", "mlp"])
+def test_auto_precision_is_bfloat16_only_for_the_nature_cnn_where_the_hardware_computes_it(
+        monkeypatch, spaces_, native, expected):
+    from a3c.models import actor_critic
+    monkeypatch.setattr(actor_critic, "native_bfloat16", lambda device: native)
+    model = ActorCritic(*spaces_, precision="auto")
+    assert model.torso_dtype("cpu") == expected
+    params, value = model(batch(spaces_[0]))
+    assert params.dtype == value.dtype == torch.float32  # the heads are float32 whatever the torso
+
+
+def test_an_unknown_precision_is_a_value_error_naming_the_choices():
+    with pytest.raises(ValueError, match="float32, bfloat16, auto"):
+        ActorCritic(*ATARI, precision="half")

@@ -70,6 +70,12 @@ class ModelConfig:
                             "gets a torso of its own, of the same shape)")
     log_std_init: float = _f(0.0, "Gaussian policies: the initial log-std of the actions (0: std 1)")
     layer_norm: bool = _f(False, "layer normalization before each activation of the MLP torsos")
+    precision: str = _f("auto", "what the torso computes in: float32, bfloat16 (autocast: convolutions "
+                        "and matrix products in bfloat16, heads and loss in float32), auto (bfloat16 for the "
+                        "Nature CNN where the device computes it in hardware: AVX-512 BF16 or AMX CPUs, "
+                        "CUDA GPUs from Ampere on; else float32)",
+                        choices=("float32", "bfloat16", "auto"))
+
 
 
 @dataclass

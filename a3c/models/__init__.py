@@ -23,4 +23,5 @@ def build_model(observation_space: gym.Space, action_space: gym.Space, cfg: Mode
     is not none)."""
     return ActorCritic(observation_space, action_space, cfg.hidden_sizes, cfg.activation, cfg.cnn,
                        cfg.normalize_obs, cfg.normalize_value, cfg.state_dependent_std, cfg.cnn_arch,
-                       cfg.lstm, cfg.shared_torso, cfg.log_std_init, cfg.layer_norm, action_mask)
+                       cfg.lstm, cfg.shared_torso, cfg.log_std_init, cfg.layer_norm, action_mask,
+                       cfg.precision)

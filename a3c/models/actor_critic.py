@@ -34,6 +34,7 @@ that begin an episode, where the state is reset first.
 """
 from __future__ import annotations
 
+import functools
 from typing import Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -45,9 +46,23 @@ from ..envs.masks import MASK_KEY, has_mask_entry, mask_size
 from ..envs.spaces import Obs, check_action_space, is_composite, leaves, tree_map
 from .heads import head_for
 from .normalize import LeafNorms, ObservationNorm, PopArt
-from .torsos import encode, orthogonal, torso_for
+from .torsos import chw, cnn_arch_for, encode, orthogonal, torso_for
 
-__all__ = ["ActorCritic"]
+__all__ = ["PRECISIONS", "ActorCritic", "native_bfloat16"]
+
+PRECISIONS = ("float32", "bfloat16", "auto")
+
+
+@functools.cache
+def native_bfloat16(device: str) -> bool:
+    """Whether `device` ("cpu", "cuda") computes bfloat16 matrix products in hardware: on
+    the CPU, AVX-512 BF16 or AMX (oneDNN's test), where autocast halves the time of a CNN's
+    update; elsewhere bfloat16 is emulated and slower than float32."""
+    if device == "cpu":
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    if device == "cuda":
+        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    return False
 
 
 class ActorCritic(nn.Module):
@@ -88,6 +103,10 @@ class ActorCritic(nn.Module):
         action_mask: with a Dict observation space that has an ``"action_mask"`` entry
             (a3c.envs.masks, flat: one entry per logit), mask the logits with it; the
             torso reads the other entries. False: the entry is an ordinary input.
+        precision: what the torso computes in: ``"float32"``, ``"bfloat16"`` (autocast:
+            matrix products and convolutions in bfloat16, the rest in float32) or
+            ``"auto"`` (bfloat16 for the Nature CNN on a device that computes it natively,
+            see ``native_bfloat16``; MinAtar's small CNN gains nothing from it). The heads, and everything after them, are float32.
     """
 
     def __init__(
@@ -106,8 +125,12 @@ class ActorCritic(nn.Module):
         log_std_init: float = 0.0,
         layer_norm: bool = False,
         action_mask: bool = True,
+        precision: str = "float32",
     ):
         super().__init__()
+        if precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {precision!r}")
+        self.precision = precision
         check_action_space(action_space)
         leaves(observation_space)  # refuses spaces of no fixed size, in one line
         self.observation_space, self.action_space = observation_space, action_space
@@ -120,6 +143,9 @@ class ActorCritic(nn.Module):
         self.torso, make_torso, feature_dim, self.uses_cnn = torso_for(
             inputs, cnn, cnn_arch, hidden_sizes, activation, layer_norm)
         self.obs_norm = self._observation_norm() if normalize_obs else None
+        images = ([space for path, space in leaves(inputs) if path in self.torso.images] if self._composite
+                  else [inputs] if self.uses_cnn else [])
+        self._nature_cnn = any(cnn_arch_for(chw(space.shape)[0], cnn_arch) == "nature" for space in images)
 
         # The head (heads.py) says what the policy layer's outputs mean. A Gaussian's
         # learned log-std is made now and registered last, after the value head, where
@@ -181,13 +207,25 @@ class ActorCritic(nn.Module):
             return obs
         return encode(obs, self.observation_space, self.uses_cnn)
 
+    def torso_dtype(self, device: torch.device | str) -> torch.dtype:
+        """What the torso computes in on `device` (`precision` resolved there)."""
+        device = torch.device(device).type
+        if self.precision == "bfloat16" or (self.precision == "auto" and self._nature_cnn and native_bfloat16(device)):
+            return torch.bfloat16
+        return torch.float32
+
     def features(self, obs: Obs) -> torch.Tensor:
-        """The torso's output [N, F] for a batch of raw observations (with a value torso,
-        [N, 2F]: the policy's features, then the value's)."""
-        x = self._features_input(obs)
-        if self.value_torso is None:
-            return self.torso(x)
-        return torch.cat([self.torso(x), self.value_torso(x)], dim=-1)
+        """The torso's output [N, F] (float32) for a batch of raw observations (with a value
+        torso, [N, 2F]: the policy's features, then the value's)."""
+        device = self.policy_head.weight.device.type
+        dtype = self.torso_dtype(device)
+        with torch.autocast(device, dtype=dtype, enabled=dtype != torch.float32):
+            x = self._features_input(obs)
+            if self.value_torso is None:
+                features = self.torso(x)
+            else:
+                features = torch.cat([self.torso(x), self.value_torso(x)], dim=-1)
+        return features.float()
 
     def _heads(self, x: torch.Tensor, obs: Obs) -> Tuple[torch.Tensor, torch.Tensor]:
         """(policy params, value) from features [..., F], the params masked by `obs`'s

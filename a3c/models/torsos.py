@@ -21,8 +21,8 @@ import torch.nn.functional as F
 from ..envs.spaces import is_composite, leaves
 from .normalize import _module_name
 
-__all__ = ["MultiInputTorso", "chw", "cnn_arch_for", "cnn_torso", "encode", "is_image", "mlp_torso",
-           "orthogonal", "torso_for", "vector_dim"]
+__all__ = ["MultiInputTorso", "ScaledConv2d", "chw", "cnn_arch_for", "cnn_torso", "encode", "image_scale",
+           "is_image", "mlp_torso", "orthogonal", "torso_for", "vector_dim"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
@@ -62,21 +62,39 @@ def cnn_arch_for(chw: Sequence[int], arch: str = "auto") -> str:
     return "nature" if min(chw[1:]) >= _NATURE_MIN_SIDE else "small"
 
 
-def cnn_torso(chw: Sequence[int], arch: str = "auto") -> Tuple[nn.Module, int]:
-    """A convolutional torso for [C, H, W] images:
+class ScaledConv2d(nn.Conv2d):
+    """A convolution of `input_scale` x its input, with the scale applied to the weights:
+    conv(x * s, W) + b = conv(x, W * s) + b. A CNN's first layer reads a batch of byte
+    images this way, converted once to the compute type and never scaled itself: scaling
+    320 frames of 4x84x84 costs more than the layer's forward pass, scaling 8 k weights
+    nothing. The parameters and their meaning are a plain Conv2d's."""
+
+    def __init__(self, *args, input_scale: float = 1.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.input_scale = input_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = self.weight if self.input_scale == 1.0 else self.weight * self.input_scale
+        return self._conv_forward(x, weight, self.bias)
+
+
+def cnn_torso(chw: Sequence[int], arch: str = "auto", input_scale: float = 1.0) -> Tuple[nn.Module, int]:
+    """A convolutional torso for [C, H, W] images, which it reads multiplied by
+    `input_scale` (1 / 255 for bytes; see ScaledConv2d):
     - "nature": Mnih et al. 2015 (Nature DQN): 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512;
     - "small": Young and Tian 2019 (MinAtar): 16 3x3/1, dense 128, for small grids."""
     arch = cnn_arch_for(chw, arch)
     if arch == "nature":
         convs = nn.Sequential(
-            orthogonal(nn.Conv2d(chw[0], 32, 8, stride=4), math.sqrt(2)), nn.ReLU(),
+            orthogonal(ScaledConv2d(chw[0], 32, 8, stride=4, input_scale=input_scale), math.sqrt(2)), nn.ReLU(),
             orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
             orthogonal(nn.Conv2d(64, 64, 3, stride=1), math.sqrt(2)), nn.ReLU(),
             nn.Flatten(),
         )
         out, least = 512, f"{_NATURE_MIN_SIDE}x{_NATURE_MIN_SIDE}"
     elif arch == "small":
-        convs = nn.Sequential(orthogonal(nn.Conv2d(chw[0], 16, 3, stride=1), math.sqrt(2)),
+        convs = nn.Sequential(orthogonal(ScaledConv2d(chw[0], 16, 3, stride=1, input_scale=input_scale),
+                                         math.sqrt(2)),
                               nn.ReLU(), nn.Flatten())
         out, least = 128, "3x3"
     else:
@@ -92,6 +110,11 @@ def cnn_torso(chw: Sequence[int], arch: str = "auto") -> Tuple[nn.Module, int]:
             "to auto (or small), or model.cnn to false for the MLP torso"
         ) from error
     return nn.Sequential(convs, orthogonal(nn.Linear(flat_dim, out), math.sqrt(2)), nn.ReLU()), out
+
+
+def image_scale(space: gym.Space) -> float:
+    """What a CNN multiplies an image leaf by: bytes to [0, 1], other types as they are."""
+    return 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
 
 
 def is_image(space: gym.Space) -> bool:
@@ -116,19 +139,23 @@ def vector_dim(space: gym.Space) -> int:
 
 
 def encode(obs: torch.Tensor, space: gym.Space, image: bool) -> torch.Tensor:
-    """A batch of one leaf's raw observations -> float torso input: [N, C, H, W] for an
-    image through a CNN, else [N, D] (Discrete and MultiDiscrete one-hot, bytes scaled to
-    [0, 1], everything else as float)."""
+    """A batch of one leaf's raw observations -> torso input: [N, C, H, W] for an image
+    through a CNN, converted once to the compute type (bfloat16 under autocast) and left
+    unscaled (the CNN's first layer scales it, see ScaledConv2d); else [N, D] floats
+    (Discrete and MultiDiscrete one-hot, bytes scaled to [0, 1], everything else as
+    float)."""
     if isinstance(space, gym.spaces.Discrete):
         return F.one_hot(obs.long() - int(space.start), int(space.n)).float()
     if isinstance(space, gym.spaces.MultiDiscrete):
         return torch.cat([F.one_hot(obs[:, i].long() - int(start), int(n)).float()  # no host-to-device copy
                           for i, (start, n) in enumerate(zip(space.start, space.nvec))], dim=-1)
+    if image:
+        device = obs.device.type
+        x = obs.to(torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else torch.float32)
+        return x.permute(0, 3, 1, 2) if chw(space.shape)[1] else x
     x = obs.float()
     if space.dtype == np.uint8:
         x = x * (1.0 / 255.0)
-    if image:
-        return x.permute(0, 3, 1, 2) if chw(space.shape)[1] else x
     return x.flatten(start_dim=1)
 
 
@@ -146,7 +173,7 @@ class MultiInputTorso(nn.Module):
         width = 0
         for path, space in self.leaves:
             if path in self.images:
-                self.cnns[_module_name(path)], dim = cnn_torso(chw(space.shape)[0], cnn_arch)
+                self.cnns[_module_name(path)], dim = cnn_torso(chw(space.shape)[0], cnn_arch, image_scale(space))
             else:
                 dim = vector_dim(space)
             width += dim
@@ -174,7 +201,7 @@ def torso_for(space: gym.Space, cnn: Optional[bool], cnn_arch: str, hidden_sizes
         raise ValueError("the CNN torso needs a rank-3 Box image observation space ([C, H, W] or "
                          f"[H, W, C]), got {space}")
     uses_cnn = image if cnn is None else bool(cnn)
-    make_with_dim = functools.partial(cnn_torso, chw(space.shape)[0], cnn_arch) if uses_cnn else \
-        functools.partial(mlp_torso, vector_dim(space), hidden_sizes, activation, layer_norm)
+    make_with_dim = (functools.partial(cnn_torso, chw(space.shape)[0], cnn_arch, image_scale(space)) if uses_cnn
+                     else functools.partial(mlp_torso, vector_dim(space), hidden_sizes, activation, layer_norm))
     torso, dim = make_with_dim()
     return torso, lambda: make_with_dim()[0], dim, uses_cnn
