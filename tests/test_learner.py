@@ -1006,3 +1006,21 @@ def test_no_fragment_is_replayed_after_it_left_the_window(harnesses):
         assert set(marks) <= set(h.replay.added[max(0, added - window):added]), \
             f"drew {sorted(set(marks))} when the window held {h.replay.added[added - window:added]}"
     assert {m for marks, _ in draws for m in marks} >= {6.0, 7.0, 8.0}  # recent ones are drawn
+
+
+def test_reward_clip_clips_the_rewards_the_targets_are_made_of_and_nothing_else():
+    """learners.reward_clip: V-trace's targets from clipped rewards equal the targets of
+    the same batch whose rewards were clipped by hand; the batch keeps the game's rewards,
+    which the actors' episode returns are summed from."""
+    batch, model = step_batch(), FixedModel()
+    batch = batch._replace(reward=batch.reward * 3)  # some beyond [-1, 1]
+    assert batch.reward.abs().max() > 1
+    logp, _, values, bootstrap = (x.detach() for x in evaluate_batch(model, batch))
+    clipped = vtrace_returns(batch, logp - batch.logp, values, bootstrap, config(reward_clip=1.0))
+    by_hand = vtrace_returns(batch._replace(reward=batch.reward.clamp(-1, 1)), logp - batch.logp, values,
+                             bootstrap, config())
+    unclipped = vtrace_returns(batch, logp - batch.logp, values, bootstrap, config())
+    for a, b in zip(clipped, by_hand):
+        torch.testing.assert_close(a, b)
+    assert not torch.allclose(clipped.vs, unclipped.vs)
+    assert batch.reward.abs().max() > 1  # untouched

@@ -101,6 +101,9 @@ class LearnersConfig:
     num: int = _f(1, "learners (Hogwild threads or processes, learners.mode)", ge=1)
     batch_size: int = _f(32, "fragments per update (B)", ge=1)
     gamma: float = _f(0.99, "discount factor", ge=0, le=1)
+    reward_clip: float | None = _f(None, "clip each reward to [-reward_clip, reward_clip] in the loss, as "
+                                   "DQN and IMPALA do on Atari (null: rewards as they are); the charted "
+                                   "returns stay the game's", gt=0)
     ent_coef: float = _f(0.0, "entropy bonus coefficient", ge=0)
     bound_coef: float = _f(
         0.0, "Gaussian policies on bounded actions: penalty on the squared distance of the mean "

@@ -139,8 +139,10 @@ def vtrace_returns(batch: Batch, log_rhos: torch.Tensor, values: torch.Tensor,
     log-ratios log pi/mu and the values of the current policy [T, B] (without gradient)."""
     gamma = cfg.learners.gamma
     discounts = gamma * (~(batch.terminated | batch.truncated)).float()  # no bootstrap across an episode's end
+    clip = cfg.learners.reward_clip  # for learning only: the actors report the game's returns
+    rewards = batch.reward if clip is None else batch.reward.clamp(-clip, clip)
     # A time limit is not a terminal state: bootstrap it from its final observation.
-    rewards = batch.reward + gamma * batch.trunc_value * batch.truncated.float()
+    rewards = rewards + gamma * batch.trunc_value * batch.truncated.float()
     return vtrace.from_importance_weights(
         log_rhos=log_rhos,
         discounts=discounts,
