@@ -90,6 +90,8 @@ class RemoteActor:
 
         torch.set_num_threads(1)  # parallelism comes from actors
         self.policy = clone_policy(model)
+        # Never closed here: the actor's process ends with it (ray.kill), and with the process
+        # any threads its environments run (the ALE backend's).
         self.envs = make_vector_env(cfg.env, cfg.actors.envs_per_actor, env_factory)
         self.loop = ActorLoop(self.envs, self.policy, cfg.actors.unroll_length, seed)
         self.dtype, self.per_call = dtype, cfg.ray.fragments_per_call

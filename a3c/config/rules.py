@@ -14,9 +14,9 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
-from .schema import Config, ConfigError, LearnersConfig, RayConfig, type_name
+from .schema import Config, ConfigError, EnvConfig, LearnersConfig, RayConfig, type_name
 
-__all__ = ["validate"]
+__all__ = ["ALE_KWARGS", "ale_obstacle", "validate"]
 
 
 def _conform(v: Any, tp: Any) -> tuple[bool, Any]:
@@ -215,6 +215,53 @@ def _check_multiagent(cfg: Config, problems: list[str], bad: set[str]) -> None:
     problems += [message for key, used, message in unsupported if used and key not in bad]
 
 
+# The keyword arguments of an ALE id that its vector env takes as gymnasium.make does
+# (frameskip: 1, which a3c.envs.preflight asks for with env.atari; the vector env skips).
+ALE_KWARGS = ("frameskip", "full_action_space", "max_num_frames_per_episode", "repeat_action_probability")
+_GYMNASIUM = "set env.atari_backend: gymnasium (or auto)"
+
+
+def ale_obstacle(env: EnvConfig) -> str | None:
+    """What keeps ale_py's AtariVectorEnv (env.atari_backend ale) from making this config's
+    environments, as the rest of a one-line problem after "env.atari_backend: ale ", with
+    the fix; None where nothing does. With env.atari_backend auto, any obstacle means the
+    gymnasium backend (a3c.envs.sources.atari_backend); whether ale-py is installed is for
+    a3c.envs.preflight to say."""
+    if not env.atari:
+        return "preprocesses Atari frames, and env.atari is false; set env.atari: true, or env.atari_backend: auto"
+    if env.multiagent:
+        return f"steps single-agent Atari games, and env.multiagent is true; {_GYMNASIUM}"
+    made = "makes its environments from an ALE/ env.id (such as ALE/Pong-v5)"
+    if env.factory is not None:
+        return f"{made}, and this run's come from the factory {env.factory}; {_GYMNASIUM}"
+    if env.entry_point is not None:
+        return f"{made}, and env.entry_point is set; {_GYMNASIUM}, or name an ALE/ id in env.id"
+    if not env.id.rpartition(":")[2].startswith("ALE/"):
+        return f"{made}, and env.id is {env.id!r}; {_GYMNASIUM}"
+    if env.wrappers:
+        return f"preprocesses in C++ and applies no env.wrappers, which are set; remove them, or {_GYMNASIUM}"
+    if env.action_mask not in ("auto", "none"):
+        return (f"gives no action masks, and env.action_mask is {env.action_mask}; set it to auto or none, "
+                f"or {_GYMNASIUM}")
+    if env.max_episode_steps is not None:
+        return (f"takes no env.max_episode_steps ({env.max_episode_steps}), a limit gymnasium counts in "
+                f"frames, reset's no-ops included; set it to null and limit episodes with "
+                f"env.kwargs.max_num_frames_per_episode (4 frames a step), or {_GYMNASIUM}")
+    other = sorted(key for key in env.kwargs if key not in ALE_KWARGS)
+    if other:
+        return f"takes no env.kwargs.{other[0]} (only {', '.join(ALE_KWARGS)}); remove it, or {_GYMNASIUM}"
+    return None
+
+
+def _check_atari_backend(cfg: Config, problems: list[str], bad: set[str]) -> None:
+    """An explicit env.atari_backend: ale that the ALE's vector env cannot honour."""
+    if cfg.env.atari_backend != "ale" or "env.atari_backend" in bad:
+        return
+    obstacle = ale_obstacle(cfg.env)
+    if obstacle is not None:
+        problems.append(f"env.atari_backend: ale {obstacle}")
+
+
 def _check_eval(cfg: Config, problems: list[str], bad: set[str]) -> None:
     """eval.judges_target stops a run on evaluations, so there must be evaluations and a target."""
     if not cfg.eval.judges_target or {"eval.judges_target", "eval.interval_steps", "target_return"} & bad:
@@ -291,6 +338,7 @@ def validate(data: Mapping[str, Any], problems: list[str], source: str | None = 
     _check_eval(cfg, problems, bad)
     _check_deterministic(cfg, problems, bad)
     _check_multiagent(cfg, problems, bad)
+    _check_atari_backend(cfg, problems, bad)
     if "learners.device" not in bad:
         _check_device(cfg.learners, problems)
     _check_ray(cfg.ray, problems, bad)

@@ -35,8 +35,15 @@ class EnvConfig:
     entry_point: str | None = _f(None, "module:callable (a class or a function) called with kwargs to "
                                  "make an environment that no id names; takes the place of env.id")
     kwargs: dict[str, Any] = _f({}, "keyword arguments passed to gymnasium.make or the entry point")
-    atari: bool = _f(False, "Atari preprocessing (84x84 gray, frame skip 4, noop 30) + frame stack")
+    atari: bool = _f(False, "Atari preprocessing (84x84 gray, frame skip 4 with max-pooling, up to 30 "
+                     "no-ops at reset) + frame stack (zero frames before the first), as env.atari_backend does it")
     frame_stack: int = _f(4, "frames stacked when atari is true", ge=1)
+    atari_backend: str = _f(
+        "auto", "what steps an actor's Atari environments (env.atari): ale (one ale_py AtariVectorEnv, which "
+                "preprocesses in C++ threads), gymnasium (gymnasium.make, AtariPreprocessing and "
+                "FrameStackObservation per environment; the same frames), auto (ale for an ALE/ id made by "
+                "env.id with no wrappers, entry point, time limit or kwargs it does not take, where ale-py has "
+                "it; else gymnasium)", choices=("auto", "ale", "gymnasium"))
     max_episode_steps: int | None = _f(None, "episode step limit (null: the environment's own)", ge=1)
     wrappers: list[str | dict[str, Any]] = _f(
         [], "wrappers applied in order after the Atari preprocessing: module:Wrapper, or "
@@ -75,7 +82,6 @@ class ModelConfig:
                         "Nature CNN where the device computes it in hardware: AVX-512 BF16 or AMX CPUs, "
                         "CUDA GPUs from Ampere on; else float32)",
                         choices=("float32", "bfloat16", "auto"))
-
 
 
 @dataclass

@@ -1,10 +1,11 @@
 """The checks a run makes once, before any run folder is written, of what a config names
 outside itself: the environment's modules, entry point, wrappers and id (imported and
-looked up, so that a typo is reported with the rest and not by every actor), the learner
-device, and the queue's room for the local actors; and, as a run starts, one
-environment made and stepped once (`probe_env`), so that one on gymnasium's old API is
-named in one line, not by every actor in turn. `a3c.config` checks only the config's own
-values and imports none of these.
+looked up, so that a typo is reported with the rest and not by every actor), the ALE's
+vector env where env.atari_backend asks for it, the learner device, and the queue's room
+for the local actors; and, as a run starts, one environment made and stepped once
+(`probe_env`), so that one on gymnasium's old API is named in one line, not by every
+actor in turn. `a3c.config` checks only the config's own values and imports none of
+these.
 
 Every problem is collected and raised as one ConfigError, as the config's own are."""
 from __future__ import annotations
@@ -20,7 +21,8 @@ from ..config import Config, ConfigError, EnvConfig
 from ..files import excerpt
 from .masks import MASK_KEY, MaskError, has_mask_entry, random_action
 from .multiagent import probe_game
-from .sources import MODULE, EnvError, check_env_factory, import_env_module, load_object, make_env, wrapper_spec
+from .sources import (MODULE, EnvError, ale_missing, check_env_factory, import_env_module, load_object, make_env,
+                      wrapper_spec)
 
 __all__ = ["device_available", "device_problems", "preflight", "probe", "probe_env"]
 
@@ -115,6 +117,10 @@ def _check_env(env: EnvConfig, problems: list[str]) -> None:
             problems.append(f"env.wrappers[{i}]: {error}")
             continue
         resolves(f"env.wrappers[{i}]", load_object, path)
+    if env.atari and env.atari_backend == "ale":  # auto takes gymnasium where the ALE's is missing
+        missing = ale_missing()
+        if missing is not None:
+            problems.append(missing)
     if env.entry_point is None and env.factory is None:
         _check_env_id(env, problems, resolves)
 
@@ -130,7 +136,8 @@ def _check_env_id(env: EnvConfig, problems: list[str], resolves: Any) -> None:
         try:
             import ale_py
         except ImportError:
-            problems.append(f"env.id: {env.id!r} needs ale-py, which is not installed; pip install ale-py")
+            if not (env.atari and env.atari_backend == "ale"):  # else said once, naming the extra
+                problems.append(f"env.id: {env.id!r} needs ale-py, which is not installed; pip install ale-py")
             return
         gym.register_envs(ale_py)
     registry = gym.envs.registry
