@@ -1,7 +1,8 @@
 """Process plumbing: how workers (actor and learner processes, the Ray pump's thread)
 start, stop and end with the trainer, and the stop signals Python would otherwise lose.
 
-    worker_context()    where actor processes come from (fork, or the fork server)
+    worker_context()    where worker processes come from (fork, or the fork server)
+    actor_context()     where actor processes come from (the fork server for GPU actors)
     learner_context()   where learner processes come from
     as_worker_process() what every worker process does first
     join_worker()       wait for a stopped worker; kill a process that is stuck
@@ -29,8 +30,8 @@ import threading
 import time
 from typing import Callable
 
-__all__ = ["JOIN_TIMEOUT_S", "as_worker_process", "end_with_parent", "join_worker", "learner_context",
-           "resend_if_lost", "stop_on_sigterm", "worker_context"]
+__all__ = ["JOIN_TIMEOUT_S", "actor_context", "as_worker_process", "end_with_parent", "join_worker",
+           "learner_context", "resend_if_lost", "stop_on_sigterm", "worker_context"]
 
 # A worker (actor or learner process, or the Ray pump's thread) still running this long
 # after it was asked to stop is stuck, and is killed or left to the process's end.
@@ -90,6 +91,13 @@ def worker_context():
     if threading.active_count() == 1:
         return mp.get_context("fork")
     return _fork_server()
+
+
+def actor_context(device: str):
+    """Where actor processes come from: as `worker_context` says, except that actors
+    acting on a GPU (`actors.device`) come from the fork server, which has not touched
+    CUDA, as a fork of a process that has would find it unusable."""
+    return worker_context() if device == "cpu" else _fork_server()
 
 
 def learner_context():

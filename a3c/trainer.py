@@ -44,7 +44,7 @@ from .learners.updater import proximal_average, step_queue
 from .learners.workers import DeviceCopy, Learners, start_learners
 from .metrics import Monitor, Sink, TensorBoardSink
 from .models import build_model
-from .procs import JOIN_TIMEOUT_S, join_worker, learner_context, worker_context
+from .procs import JOIN_TIMEOUT_S, actor_context, join_worker, learner_context
 from .selfplay import games_while_training
 
 __all__ = ["COUNTERS", "TIMERS", "Trainer", "build_default_model", "check_learner_settings"]
@@ -284,8 +284,8 @@ class Trainer:
             actor = threading.Thread(target=run_actor, args=(*args, False), kwargs=kwargs,
                                      name=f"a3c-actor-{i}", daemon=True)
         else:
-            actor = worker_context().Process(target=run_actor, args=(*args, True), kwargs=kwargs,
-                                             name=f"a3c-actor-{i}", daemon=True)
+            actor = actor_context(cfg.actors.device).Process(target=run_actor, args=(*args, True), kwargs=kwargs,
+                                                             name=f"a3c-actor-{i}", daemon=True)
         actor.start()
         return actor
 

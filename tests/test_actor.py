@@ -57,12 +57,12 @@ if ENV_ID not in gym.envs.registry:
 class ActorRun:
     """One actor thread (run_actor, as in actors.mode=thread) feeding a queue the test reads."""
 
-    def __init__(self, queue_capacity=16, version=7, sync=False):
+    def __init__(self, queue_capacity=16, version=7, sync=False, device="cpu"):
         torch.manual_seed(0)
         self.cfg = load_config({
             "env": {"id": ENV_ID},
             "actors": {"num": 1, "envs_per_actor": E, "unroll_length": T, "queue_capacity": queue_capacity,
-                       "sync": sync},
+                       "sync": sync, "device": device},
             "learners": {"batch_size": min(queue_capacity, 4), "minibatches": 1},
         })
         self.model = ActorCritic(CounterEnv.observation_space, CounterEnv.action_space)
@@ -280,3 +280,13 @@ def test_resumed_synchronous_actors_count_their_rounds_from_the_batches_trained_
     agent.learn(2_000, sink=sink)
     assert first["fresh_batches"] > 0
     assert_on_policy(agent.config, agent.counters, sink, runs=2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device is visible")
+def test_an_actor_acting_on_cuda_writes_what_the_cpu_policy_would_have_written(actor_run):
+    """actors.device cuda: the policy acts on the GPU with the shared weights; each step's
+    log-probability is the CPU policy's for the action taken, to float tolerance."""
+    run = actor_run(device="cuda")
+    for frag in run.pop(4):
+        for t in range(T):
+            assert frag["logp"][t] == pytest.approx(_logp(run.model, frag["obs"][t], frag["action"][t]), abs=1e-4)

@@ -1,6 +1,7 @@
 """Config layer: YAML loading, overrides, validation messages, saving and reporting; and the
 pre-flight checks of what a config names outside itself (a3c.envs.preflight)."""
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -239,6 +240,23 @@ def test_cuda_device_without_cuda_is_reported():
         pytest.skip("CUDA is available here")
     (p,) = problems({}, ["learners.device=cuda:0"])
     assert "CUDA is not available" in p and "'cuda:0'" in p
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["actors.device=gpu"], "actors.device: 'gpu' is not allowed; use one of: cpu, cuda, cuda:N"),
+    (["actors.device=cuda", "actors.mode=ray"], "actors.device: 'cuda' is for local actors"),
+], ids=["form", "ray"])
+def test_an_actors_device_that_cannot_act_is_one_line_naming_the_fix(overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        load_config({}, overrides)
+
+
+def test_actors_on_cuda_without_cuda_are_reported():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    (p,) = problems({}, ["actors.device=cuda"])
+    assert p == "actors.device: 'cuda' but CUDA is not available; use cpu"
 
 
 def test_missing_file_gives_config_error_naming_the_path(tmp_path):

@@ -51,7 +51,7 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
 
 def _act(envs, shared: torch.nn.Module, fragments: ArrayQueue, episodes: ArrayQueue,
          counters: Counters, cfg: Config, seed: int, gate: SyncGate | None) -> None:
-    local = clone_policy(shared)
+    local = clone_policy(shared).to(cfg.actors.device)  # acts there; weights copied over per unroll
     copy_weights = WeightCopy(local, shared)
     loop = ActorLoop(envs, local, cfg.actors.unroll_length, seed)
     buf = np.zeros(loop.E, fragments.dtype)  # one fragment per environment

@@ -78,10 +78,13 @@ class ActorLoop:
     """Steps `envs` (a vector of E environments) with `policy` and writes one fragment of
     T steps per environment. The caller keeps `policy`'s weights current (a local actor
     copies the shared model, a remote one loads published weights) and says which policy
-    version they are; each environment's next fragment starts where its last one ended."""
+    version they are; each environment's next fragment starts where its last one ended.
+    The policy acts on the device its weights are on (`actors.device`): observations go
+    there each step, actions and log-probabilities come back."""
 
     def __init__(self, envs: gym.vector.VectorEnv, policy: torch.nn.Module, T: int, seed: int):
         self.envs, self.policy, self.T = envs, policy, T
+        self.device = next(policy.parameters()).device
         self.E = envs.num_envs
         self._space = envs.single_observation_space
         obs, _ = envs.reset(seed=seed)
@@ -91,14 +94,14 @@ class ActorLoop:
         # environments' current observation begins an episode (the state resets there).
         self._recurrent = getattr(policy, "is_recurrent", False)
         self._state = policy.initial_state(self.E) if self._recurrent else None
-        self._starts = torch.ones(self.E, dtype=torch.bool)
+        self._starts = torch.ones(self.E, dtype=torch.bool, device=self.device)
 
     def unroll(self, out: np.ndarray, version: int) -> Unroll:
         """Fill `out` (E records of the fragment dtype) with the next T steps of every
         environment, acted by policy version `version`."""
         start = time.perf_counter()
         env_s = 0.0  # time in envs.step, for the per-part profile
-        envs, local, space, obs = self.envs, self.policy, self._space, self._obs
+        envs, local, space, obs, device = self.envs, self.policy, self._space, self._obs, self.device
         # Field views, bound once: indexing a record array by name makes a new view each time.
         f_obs, f_action, f_logp, f_version = out["obs"], out["action"], out["logp"], out["version"]
         f_reward, f_terminated, f_truncated = out["reward"], out["terminated"], out["truncated"]
@@ -107,17 +110,17 @@ class ActorLoop:
         recurrent, state, starts = self._recurrent, self._state, self._starts
         if recurrent:  # the state obs[0] is read from, reset where it begins an episode
             state = state * (~starts).unsqueeze(-1)
-            out["state"] = state.numpy()
+            out["state"] = state.cpu().numpy()
         finished = []
         for t in range(self.T):
             if recurrent:
-                action, logp, _, state = local.act_recurrent(obs_to_torch(obs), state, starts)
+                action, logp, _, state = local.act_recurrent(obs_to_torch(obs, device), state, starts)
             else:
-                action, logp, _ = local.act(obs_to_torch(obs))
-            action = action.numpy()
+                action, logp, _ = local.act(obs_to_torch(obs, device))
+            action = action.cpu().numpy()
             write_obs(f_obs[:, t], obs)
             f_action[:, t] = action
-            f_logp[:, t] = logp.numpy()
+            f_logp[:, t] = logp.cpu().numpy()
             f_version[:, t] = version
             before_step = time.perf_counter()
             obs, reward, terminated, truncated, info = envs.step(
@@ -131,7 +134,7 @@ class ActorLoop:
             ep_return += reward
             ep_length += 1
             done = terminated | truncated
-            starts = torch.from_numpy(done)
+            starts = torch.from_numpy(done).to(device)
             if done.any():
                 ended = np.zeros(int(done.sum()), EPISODE_DTYPE)
                 ended["ret"], ended["length"] = ep_return[done], ep_length[done]
@@ -163,11 +166,13 @@ def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space,
     values = np.zeros(len(truncated), np.float32)
     if truncated.any():
         index = np.flatnonzero(truncated)
-        final = obs_to_torch(stack_obs([info["final_obs"][i] for i in index], space))
+        device = state.device if state is not None else next(model.parameters()).device
+        final = obs_to_torch(stack_obs([info["final_obs"][i] for i in index], space), device)
         if state is None:
             _, _, v = model.act(final)
         else:
-            rows = torch.from_numpy(index)
-            _, _, v, _ = model.act_recurrent(final, state[rows], torch.zeros(len(index), dtype=torch.bool))
-        values[truncated] = v.numpy()
+            rows = torch.from_numpy(index).to(device)
+            _, _, v, _ = model.act_recurrent(final, state[rows], torch.zeros(len(index), dtype=torch.bool,
+                                                                              device=device))
+        values[truncated] = v.cpu().numpy()
     return values

@@ -279,8 +279,8 @@ def _check_eval(cfg: Config, problems: list[str], bad: set[str]) -> None:
 # the learner reads the budget's count at fixed points); one learner thread, whose
 # minibatches the trainer's seeded generator draws; the CPU; and an end that depends on
 # the count alone. The rest of what actors.sync needs, _check_sync asks for.
-_DETERMINISTIC = {"actors.num": 1, "actors.sync": True, "learners.mode": "thread", "learners.device": "cpu",
-                  "target_return": None}
+_DETERMINISTIC = {"actors.num": 1, "actors.sync": True, "actors.device": "cpu", "learners.mode": "thread",
+                  "learners.device": "cpu", "target_return": None}
 
 
 def _check_deterministic(cfg: Config, problems: list[str], bad: set[str]) -> None:
@@ -341,6 +341,8 @@ def validate(data: Mapping[str, Any], problems: list[str], source: str | None = 
     _check_atari_backend(cfg, problems, bad)
     if "learners.device" not in bad:
         _check_device(cfg.learners, problems)
+    if "actors.device" not in bad:
+        _check_actors_device(cfg, problems)
     _check_ray(cfg.ray, problems, bad)
     if problems:
         raise ConfigError(problems, source)
@@ -359,11 +361,32 @@ def _name_unnamed_env(data: Mapping[str, Any]) -> Mapping[str, Any]:
     return {**data, "env": {**env, "id": named_by.rpartition(":")[2]}}
 
 
+def _device_form(key: str, device: str) -> str | None:
+    """Why `device` is no device name a run takes, or None."""
+    if not re.fullmatch(r"cpu|cuda(?::\d+)?", device):
+        return f"{key}: {device!r} is not allowed; use one of: cpu, cuda, cuda:N"
+    return None
+
+
+def _check_actors_device(cfg: Config, problems: list[str]) -> None:
+    """actors.device's form, and the actors that take it (local ones of one agent)."""
+    device = cfg.actors.device
+    problem = _device_form("actors.device", device)
+    if problem is None and device != "cpu" and cfg.actors.mode == "ray":
+        problem = (f"actors.device: {device!r} is for local actors; Ray actors act on their nodes' CPUs, "
+                   f"set actors.device: cpu")
+    if problem is None and device != "cpu" and cfg.env.multiagent:
+        problem = f"actors.device: {device!r} is not supported with env.multiagent; set actors.device: cpu"
+    if problem is not None:
+        problems.append(problem)
+
+
 def _check_device(learners: LearnersConfig, problems: list[str]) -> None:
     """The device's form; whether this host has it is for a3c.envs.preflight to say."""
     device = learners.device
-    if not re.fullmatch(r"cpu|cuda(?::\d+)?", device):
-        problems.append(f"learners.device: {device!r} is not allowed; use one of: cpu, cuda, cuda:N")
+    problem = _device_form("learners.device", device)
+    if problem is not None:
+        problems.append(problem)
     elif device != "cpu" and learners.mode == "process":
         problems.append(f"learners.mode: process with learners.device {device!r} is not "
                         "supported: the GPU model lives in the trainer's process; use learners.mode: "

@@ -90,6 +90,9 @@ class ActorsConfig:
                    "actors on a Ray cluster (the ray section)", choices=("process", "thread", "ray"))
     num: int = _f(2, "number of actors", ge=1)
     envs_per_actor: int = _f(8, "environments stepped by each actor", ge=1)
+    device: str = _f("cpu", "where local actors run their policy's forward pass: cpu | cuda | cuda:N (the "
+                     "weights are copied there once per unroll, the observations each step; the CPU "
+                     "cores then step environments only)")
     unroll_length: int = _f(16, "steps per fragment (T)", ge=1)
     queue_capacity: int = _f(64, "fragments the queue holds (>= learners.batch_size); small keeps data fresh",
                             ge=1)

@@ -33,6 +33,7 @@ def preflight(cfg: Config, env_factory: Callable | None = None) -> None:
     problems: list[str] = []
     _check_env(cfg.env, problems)
     problems += device_problems(cfg.learners.device)
+    problems += device_problems(cfg.actors.device, "actors.device")
     problems += _producer_problems(cfg)
     if problems:
         raise ConfigError(problems)
@@ -154,17 +155,18 @@ def _check_env_id(env: EnvConfig, problems: list[str], resolves: Any) -> None:
                         f"(the Atari preprocessing skips frames itself)")
 
 
-def device_problems(device: str) -> list[str]:
-    """Why this host cannot run a learner on `device` (its form is the config's to check)."""
+def device_problems(device: str, key: str = "learners.device") -> list[str]:
+    """Why this host cannot run `key` (a learner's or the actors' device) on `device` (its
+    form is the config's to check)."""
     if not device.startswith("cuda"):
         return []
     import torch
 
     index = re.fullmatch(r"cuda(?::(\d+))?", device).group(1)
     if not torch.cuda.is_available():
-        return [f"learners.device: {device!r} but CUDA is not available; use cpu"]
+        return [f"{key}: {device!r} but CUDA is not available; use cpu"]
     if index and int(index) >= torch.cuda.device_count():
-        return [f"learners.device: {device!r} but only {torch.cuda.device_count()} CUDA device(s) are "
+        return [f"{key}: {device!r} but only {torch.cuda.device_count()} CUDA device(s) are "
                 f"visible; allowed: cuda:0 .. cuda:{torch.cuda.device_count() - 1}"]
     return []
 
