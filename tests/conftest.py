@@ -125,6 +125,35 @@ def signalled_in_a_fork_hook(setup: str, signum: int, sleep_s: float = 10.0) -> 
     return subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=sleep_s + 30)
 
 
+def run_killing_its_actor(trainer, timeout: float = 60.0) -> tuple[dict, int]:
+    """Train `trainer` (a run of one actor process) in a thread, SIGKILL the actor once it
+    has acted, and wait for the run to end without an error: (its counters, the killed pid)."""
+    import multiprocessing as mp
+    import threading
+
+    from waiting import wait_until
+
+    result, errors = {}, []
+
+    def train():
+        try:
+            result.update(trainer.train())
+        except BaseException as error:  # reported below
+            errors.append(error)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        wait_until(lambda: trainer.counters["env_steps"] > 0 or not thread.is_alive(), timeout, "the actor to act")
+        assert thread.is_alive(), f"the run ended before its actor acted: {errors}"
+        (actor,) = [p for p in mp.active_children() if p.name.startswith("a3c-actor-")]
+        os.kill(actor.pid, signal.SIGKILL)
+    finally:
+        thread.join(120)
+    assert not thread.is_alive() and not errors, errors
+    return result, actor.pid
+
+
 def running(pid) -> bool:
     """True while `pid` exists and is not a zombie (a zombie has exited; only its parent's
     wait is missing, which for an orphan is up to whoever adopted it)."""

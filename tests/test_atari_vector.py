@@ -25,7 +25,8 @@ from a3c.envs.sources import EnvError, atari_backend, make_vector_env
 from a3c.metrics import MemorySink
 from a3c.trainer import Trainer
 
-from conftest import A3C_CLI, descendants, own_process_group, running, segments_of
+from conftest import (A3C_CLI, descendants, own_process_group, run_killing_its_actor, running,
+                      segments_of)
 from waiting import wait_until
 
 pytest.importorskip("ale_py", reason="the Atari tests need ale-py: install the 'atari' extra, "
@@ -310,34 +311,10 @@ def test_pong_trains_through_the_ale_backend_and_its_actors_leave_nothing_runnin
     assert first_conv.shape[1] == 4  # the CNN reads the four stacked frames
 
 
-def train_in_thread(trainer):
-    """Start trainer.train() in a thread; (the thread, its result, its errors)."""
-    result, errors = {}, []
-
-    def run():
-        try:
-            result.update(trainer.train())
-        except BaseException as error:  # reported by the test
-            errors.append(error)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    return thread, result, errors
-
-
 @pytest.mark.system
 def test_a_killed_ale_actor_process_is_restarted_and_the_run_finishes(tmp_path, monkeypatch):
     trainer = small_run(tmp_path, "process", total=1500)
-    thread, result, errors = train_in_thread(trainer)
-    try:
-        wait_until(lambda: trainer.counters["env_steps"] > 0 or not thread.is_alive(), timeout=60,
-                   what="the actor to act")
-        (actor,) = [p for p in mp.active_children() if p.name.startswith("a3c-actor-")]
-        killed = actor.pid
-        os.kill(killed, signal.SIGKILL)
-    finally:
-        thread.join(120)
-    assert not thread.is_alive() and not errors, errors
+    result, killed = run_killing_its_actor(trainer)
     assert result["actor_restarts"] >= 1 and result["env_steps"] >= 1500
     assert not running(killed)
     no_actor_left(trainer, [])

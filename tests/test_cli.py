@@ -12,7 +12,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -29,8 +28,8 @@ from a3c.metrics import MemorySink
 from a3c.trainer import Trainer
 from replay import SharedMemoryFull
 
-from conftest import (A3C_CLI, assert_one_line_error, descendants, fail_to_start, own_process_group, own_segments,
-                      running, segments_of)
+from conftest import (A3C_CLI, assert_one_line_error, descendants, fail_to_start, own_process_group,
+                      own_segments, run_killing_its_actor, running, segments_of)
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # the in-process trainer's actors
 
@@ -514,27 +513,7 @@ def test_a_killed_actor_process_is_restarted_and_the_run_finishes(tmp_path):
                                f"logging.run_root={tmp_path}"])
     sink = MemorySink()
     trainer = Trainer(cfg, tmp_path / "run", sink=sink)
-    result, errors = {}, []
-
-    def train_in_thread():
-        try:
-            result.update(trainer.train())
-        except BaseException as error:  # reported by the test below
-            errors.append(error)
-
-    thread = threading.Thread(target=train_in_thread)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while trainer.counters["env_steps"] == 0:  # the only actor is acting
-            assert thread.is_alive() and time.monotonic() < deadline, errors
-            time.sleep(0.01)
-        (actor,) = [p for p in mp.active_children() if p.name.startswith("a3c-actor-")]
-        killed = actor.pid
-        os.kill(killed, signal.SIGKILL)
-    finally:
-        thread.join(120)
-    assert not thread.is_alive() and not errors, errors
+    result, killed = run_killing_its_actor(trainer)
     # With one actor, the run could only finish if the killed one was replaced.
     assert result["actor_restarts"] >= 1
     assert result["env_steps"] >= 6000

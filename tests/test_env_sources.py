@@ -6,13 +6,9 @@ that learns through its entry point. The environments live in tests/envs_for_tes
 imported by name as a user's own package would be."""
 import functools
 import importlib.util
-import multiprocessing as mp
 import os
-import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import gymnasium as gym
@@ -28,7 +24,7 @@ from a3c.envs import EnvError, make_env
 from a3c.envs.preflight import preflight
 from a3c.metrics import MemorySink
 from a3c.trainer import Trainer
-from conftest import A3C_CLI
+from conftest import A3C_CLI, run_killing_its_actor
 from envs_for_tests import PLAIN_ID, REGISTERED_ID, Corridor, PlainCorridor, Scale, make_corridor
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")  # restarted actors come from it
@@ -361,26 +357,7 @@ def test_a_factory_reaches_actor_processes_started_and_restarted_from_the_fork_s
     # server, which receives the factory pickled; the kill below makes it start another.
     trainer = Trainer(cfg, tmp_path / "run", sink=MemorySink(),
                       env_factory=functools.partial(Corridor, length=6))
-    result, errors = {}, []
-
-    def train_in_thread():
-        try:
-            result.update(trainer.train())
-        except BaseException as error:  # reported below
-            errors.append(error)
-
-    thread = threading.Thread(target=train_in_thread)
-    thread.start()
-    try:
-        deadline = time.monotonic() + 60
-        while trainer.counters["env_steps"] == 0:
-            assert thread.is_alive() and time.monotonic() < deadline, errors
-            time.sleep(0.01)
-        (actor,) = [p for p in mp.active_children() if p.name.startswith("a3c-actor-")]
-        os.kill(actor.pid, signal.SIGKILL)
-    finally:
-        thread.join(120)
-    assert not thread.is_alive() and not errors, errors
+    result, _ = run_killing_its_actor(trainer)
     assert result["actor_restarts"] >= 1 and result["env_steps"] >= 4000
     # Fragments of 6-cell observations (anything else would not fit the queue) and returns
     # of 0 or 1: the actors made the factory's corridor, not the config's CartPole.
