@@ -63,13 +63,14 @@ _EPISODE_QUEUE = 4096
 
 
 def build_default_model(cfg: Config, env_factory: Callable | None = None) -> torch.nn.Module:
-    """The model the config describes, for the config's environment (or `env_factory`'s);
-    with `deterministic`, its initial weights drawn from `seed`."""
+    """The model the config describes, for the config's environment (or `env_factory`'s),
+    its initial weights drawn from `seed`: runs of several seeds start from different
+    weights. The caller's torch generator is left as it was."""
     spaces = run_spaces(cfg.env, env_factory)  # with env.multiagent, one agent's
-    if cfg.deterministic:
-        torch.manual_seed(cfg.seed)
     try:
-        return build_model(spaces.observation, spaces.action, cfg.model, cfg.env.action_mask != "none")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            return build_model(spaces.observation, spaces.action, cfg.model, cfg.env.action_mask != "none")
     except ValueError as error:  # spaces the model cannot take: say so, in one line
         raise ConfigError([f"env.id {cfg.env.id!r}: {error}"]) from None
 

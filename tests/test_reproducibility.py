@@ -80,3 +80,20 @@ def test_a_synchronous_actor_starts_no_round_once_the_budget_is_spent():
         fragments.close()
         rounds.close()
         counters.close()
+
+
+def test_the_seed_draws_the_initial_weights_in_every_mode_and_leaves_the_callers_generator_alone():
+    """Runs of several seeds (a3c train --seeds) start from different weights, the same
+    seed from the same ones, deterministic or not; torch's generator, as the program set
+    it, draws the same numbers afterwards as it would have without the model."""
+    def weights(**settings):
+        return torch.cat([p.detach().flatten() for p in A3C("cartpole", **settings).model.parameters()])
+
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    first = weights(seed=1)
+    assert torch.equal(torch.rand(3), expected)
+    assert torch.equal(weights(seed=1), first)
+    assert torch.equal(weights(seed=1, deterministic=True, actors__num=1, actors__sync=True), first)
+    assert not torch.equal(weights(seed=2), first)

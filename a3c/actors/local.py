@@ -34,8 +34,9 @@ def run_actor(actor_id: int, cfg: Config, model: torch.nn.Module, fragments: Arr
         raise ValueError("actors.sync needs the run's sync_rounds(...) passed as rounds")
     if in_process:
         as_worker_process()
-        if cfg.deterministic:  # its samples from its own seed, however the process was started
-            torch.manual_seed(actor_seed(cfg, actor_id))
+        # Its samples from its own seed: a forked process would draw its parent's numbers,
+        # the same in every actor, and one from the fork server the same in every run.
+        torch.manual_seed(actor_seed(cfg, actor_id))
     if cfg.env.multiagent:  # games of several agents: a loop of their own
         run_agents(cfg, model, fragments, episodes, counters, actor_seed(cfg, actor_id), env_factory)
         return

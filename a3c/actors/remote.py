@@ -89,6 +89,7 @@ class RemoteActor:
         import ray
 
         torch.set_num_threads(1)  # parallelism comes from actors
+        torch.manual_seed(seed)  # its own samples: every fresh process starts torch from one seed
         self.policy = clone_policy(model)
         # Never closed here: the actor's process ends with it (ray.kill), and with the process
         # any threads its environments run (the ALE backend's).
