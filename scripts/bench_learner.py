@@ -7,9 +7,10 @@ the frames show.
     python scripts/bench_learner.py                               # configs/pong.yaml, about 1 minute
     python scripts/bench_learner.py --threads 1 2 --repeats 30
     python scripts/bench_learner.py --config configs/minatar_breakout.yaml
+    python scripts/bench_learner.py --archs nature impala --threads 1
 
 The first figure of each row is the median seconds per update over `--repeats` updates
-(after 3 to warm up), the ratio is float32's median over the row's.
+(after 3 to warm up), the ratio is float32's median (of the same torso) over the row's.
 """
 from __future__ import annotations
 
@@ -49,9 +50,9 @@ def random_batch(space: gym.Space, T: int, B: int, n_actions: int) -> Batch:
                  bootstrap_obs=obs[T])
 
 
-def seconds_per_update(cfg, spaces, precision: str, repeats: int) -> float:
+def seconds_per_update(cfg, spaces, arch: str, precision: str, repeats: int) -> float:
     torch.manual_seed(0)
-    model = build_model(*spaces, dataclasses.replace(cfg.model, precision=precision)).share_memory()
+    model = build_model(*spaces, dataclasses.replace(cfg.model, cnn_arch=arch, precision=precision)).share_memory()
     updater = Updater(cfg, model, build_optimizer(model, cfg.optim), Counters(COUNTERS, TIMERS), step_queue())
     batch = random_batch(spaces[0], cfg.actors.unroll_length, cfg.learners.batch_size, spaces[1].n)
     times = []
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--config", default="configs/pong.yaml")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--precisions", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--archs", nargs="+", help="model.cnn_arch values (default: the config's)")
     parser.add_argument("--repeats", type=int, default=20)
     args = parser.parse_args()
     cfg = load_config(args.config)
@@ -77,15 +79,17 @@ def main() -> None:
     print(f"bfloat16 in hardware: {native_bfloat16('cpu')}; {args.config}: {steps} steps per update "
           f"({cfg.learners.batch_size} fragments of {cfg.actors.unroll_length}), {cfg.learners.epochs} "
           f"pass(es) in {cfg.learners.minibatches} minibatch(es), {cfg.optim.name}\n")
-    print(f"{'threads':>7}  {'precision':<9}  {'s/update':>8}  {'updates/s':>9}  {'steps/s':>8}  ratio")
+    print(f"{'threads':>7}  {'cnn_arch':<8}  {'precision':<9}  {'s/update':>8}  {'updates/s':>9}  {'steps/s':>8}  "
+          f"ratio")
     for threads in args.threads:
         torch.set_num_threads(threads)
-        base = None
-        for precision in args.precisions:
-            seconds = seconds_per_update(cfg, spaces, precision, args.repeats)
-            base = base or seconds
-            print(f"{threads:>7}  {precision:<9}  {seconds:8.3f}  {1 / seconds:9.2f}  {steps / seconds:8.0f}  "
-                  f"{base / seconds:.2f}", flush=True)
+        for arch in args.archs or [cfg.model.cnn_arch]:
+            base = None
+            for precision in args.precisions:
+                seconds = seconds_per_update(cfg, spaces, arch, precision, args.repeats)
+                base = base or seconds
+                print(f"{threads:>7}  {arch:<8}  {precision:<9}  {seconds:8.3f}  {1 / seconds:9.2f}  "
+                      f"{steps / seconds:8.0f}  {base / seconds:.2f}", flush=True)
 
 
 if __name__ == "__main__":

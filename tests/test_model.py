@@ -348,3 +348,23 @@ def test_auto_precision_is_bfloat16_only_for_the_nature_cnn_where_the_hardware_c
 def test_an_unknown_precision_is_a_value_error_naming_the_choices():
     with pytest.raises(ValueError, match="float32, bfloat16, auto"):
         ActorCritic(*ATARI, precision="half")
+
+
+def test_the_impala_torso_is_fifteen_layers_of_residual_stacks_that_read_frames_of_any_size():
+    """model.cnn_arch impala: three stacks (a convolution, a max-pool of stride 2, two
+    residual blocks) of 16, 32 and 32 channels, then dense 256; an 84x84 frame leaves it
+    11x11, a 10x10 grid 2x2; the policy's outputs are finite and it learns end to end."""
+    from a3c.models.torsos import Residual
+    for shape, side in (((4, 84, 84), 11), ((10, 10, 4), 2)):
+        space = spaces.Box(0, 255, shape, np.uint8)
+        model = ActorCritic(space, spaces.Discrete(6), cnn_arch="impala")
+        convs = [m for m in model.torso.modules() if isinstance(m, torch.nn.Conv2d)]
+        assert len(convs) == 3 * 5 and [c.out_channels for c in convs[::5]] == [16, 32, 32]
+        assert sum(isinstance(m, Residual) for m in model.torso.modules()) == 6
+        dense = [m for m in model.torso.modules() if isinstance(m, torch.nn.Linear)]
+        assert [(d.in_features, d.out_features) for d in dense] == [(32 * side * side, 256)]
+        params, value = model(batch(space))
+        assert params.shape == (N, 6) and torch.isfinite(params).all() and torch.isfinite(value).all()
+        logp, _, value = model.evaluate(batch(space), torch.zeros(N, dtype=torch.long))
+        (logp.sum() + value.sum()).backward()
+        assert all(p.grad is not None for p in model.torso.parameters())

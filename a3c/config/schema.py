@@ -64,9 +64,10 @@ class ModelConfig:
     hidden_sizes: list[int] = _f([64, 64], "sizes of the hidden layers of the MLP torso", ge=1)
     activation: str = _f("tanh", "activation of the hidden layers", choices=("tanh", "relu"))
     cnn: bool | None = _f(None, "CNN torso (null: auto, CNN for image observations)")
-    cnn_arch: str = _f("auto", "CNN for images: nature (Nature DQN), small (MinAtar's one 3x3 "
-                       "conv, for small grids), auto (nature from 36x36 up, else small)",
-                       choices=("auto", "nature", "small"))
+    cnn_arch: str = _f("auto", "CNN for images: nature (Nature DQN), impala (IMPALA's residual "
+                       "torso: 15 layers, more per frame at more cost), small (MinAtar's one 3x3 conv, "
+                       "for small grids), auto (nature from 36x36 up, else small)",
+                       choices=("auto", "nature", "impala", "small"))
     lstm: int = _f(0, "hidden size of an LSTM core between the torso and the heads, for tasks "
                    "that need memory (0: none)", ge=0)
     normalize_obs: bool = _f(True, "normalize vector observations by running mean and variance")
@@ -79,8 +80,8 @@ class ModelConfig:
     layer_norm: bool = _f(False, "layer normalization before each activation of the MLP torsos")
     precision: str = _f("auto", "what the torso computes in: float32, bfloat16 (autocast: convolutions "
                         "and matrix products in bfloat16, heads and loss in float32), auto (bfloat16 for the "
-                        "Nature CNN where the device computes it in hardware: AVX-512 BF16 or AMX CPUs, "
-                        "CUDA GPUs from Ampere on; else float32)",
+                        "nature and impala CNNs where the device computes it in hardware: AVX-512 BF16 or "
+                        "AMX CPUs, CUDA GPUs from Ampere on; else float32)",
                         choices=("float32", "bfloat16", "auto"))
 
 

@@ -84,7 +84,7 @@ class ActorCritic(nn.Module):
         cnn: CNN torso for image observations; ``None`` picks it for rank-3 ``Box``
             observations, False flattens images into the MLP.
         cnn_arch: ``"auto"`` (Nature-DQN for images of 36x36 and more, the small MinAtar
-            torso below), ``"nature"`` or ``"small"``.
+            torso below), ``"nature"``, ``"impala"`` (IMPALA's residual torso) or ``"small"``.
         normalize_obs: normalise vector observations (``Box`` leaves that do not go
             through a CNN) by running statistics: images and one-hot inputs are scaled.
         normalize_value: PopArt-normalised value head.
@@ -105,8 +105,9 @@ class ActorCritic(nn.Module):
             torso reads the other entries. False: the entry is an ordinary input.
         precision: what the torso computes in: ``"float32"``, ``"bfloat16"`` (autocast:
             matrix products and convolutions in bfloat16, the rest in float32) or
-            ``"auto"`` (bfloat16 for the Nature CNN on a device that computes it natively,
-            see ``native_bfloat16``; MinAtar's small CNN gains nothing from it). The heads, and everything after them, are float32.
+            ``"auto"`` (bfloat16 for the Nature and IMPALA CNNs on a device that computes
+            it natively, see ``native_bfloat16``; MinAtar's small CNN gains nothing from
+            it). The heads, and everything after them, are float32.
     """
 
     def __init__(
@@ -145,7 +146,7 @@ class ActorCritic(nn.Module):
         self.obs_norm = self._observation_norm() if normalize_obs else None
         images = ([space for path, space in leaves(inputs) if path in self.torso.images] if self._composite
                   else [inputs] if self.uses_cnn else [])
-        self._nature_cnn = any(cnn_arch_for(chw(space.shape)[0], cnn_arch) == "nature" for space in images)
+        self._large_cnn = any(cnn_arch_for(chw(space.shape)[0], cnn_arch) != "small" for space in images)
 
         # The head (heads.py) says what the policy layer's outputs mean. A Gaussian's
         # learned log-std is made now and registered last, after the value head, where
@@ -210,7 +211,7 @@ class ActorCritic(nn.Module):
     def torso_dtype(self, device: torch.device | str) -> torch.dtype:
         """What the torso computes in on `device` (`precision` resolved there)."""
         device = torch.device(device).type
-        if self.precision == "bfloat16" or (self.precision == "auto" and self._nature_cnn and native_bfloat16(device)):
+        if self.precision == "bfloat16" or (self.precision == "auto" and self._large_cnn and native_bfloat16(device)):
             return torch.bfloat16
         return torch.float32
 

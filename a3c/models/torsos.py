@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ..envs.spaces import is_composite, leaves
 from .normalize import _module_name
 
-__all__ = ["MultiInputTorso", "ScaledConv2d", "chw", "cnn_arch_for", "cnn_torso", "encode", "image_scale",
+__all__ = ["MultiInputTorso", "Residual", "ScaledConv2d", "chw", "cnn_arch_for", "cnn_torso", "encode", "image_scale",
            "is_image", "mlp_torso", "orthogonal", "torso_for", "vector_dim"]
 
 _ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
@@ -78,13 +78,43 @@ class ScaledConv2d(nn.Conv2d):
         return self._conv_forward(x, weight, self.bias)
 
 
+class Residual(nn.Module):
+    """IMPALA's residual block: x + conv(relu(conv(relu(x)))), 3x3 convolutions that keep
+    the channels and the size."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = orthogonal(nn.Conv2d(channels, channels, 3, padding=1), math.sqrt(2))
+        self.conv1 = orthogonal(nn.Conv2d(channels, channels, 3, padding=1), math.sqrt(2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+def _impala_stack(conv: nn.Conv2d) -> nn.Sequential:
+    """One of IMPALA's stacks: `conv` (3x3), a 3x3 max-pool of stride 2, two residual blocks."""
+    return nn.Sequential(orthogonal(conv, math.sqrt(2)), nn.MaxPool2d(3, stride=2, padding=1),
+                         Residual(conv.out_channels), Residual(conv.out_channels))
+
+
 def cnn_torso(chw: Sequence[int], arch: str = "auto", input_scale: float = 1.0) -> Tuple[nn.Module, int]:
     """A convolutional torso for [C, H, W] images, which it reads multiplied by
     `input_scale` (1 / 255 for bytes; see ScaledConv2d):
     - "nature": Mnih et al. 2015 (Nature DQN): 32 8x8/4, 64 4x4/2, 64 3x3/1, dense 512;
+    - "impala": Espeholt et al. 2018 (IMPALA's deep torso): three stacks of 16, 32 and 32
+      channels, each a 3x3 convolution, a max-pool of stride 2 and two residual blocks,
+      then dense 256; 15 layers, more to learn from per frame at more cost per frame;
     - "small": Young and Tian 2019 (MinAtar): 16 3x3/1, dense 128, for small grids."""
     arch = cnn_arch_for(chw, arch)
-    if arch == "nature":
+    if arch == "impala":
+        convs = nn.Sequential(
+            _impala_stack(ScaledConv2d(chw[0], 16, 3, padding=1, input_scale=input_scale)),
+            _impala_stack(nn.Conv2d(16, 32, 3, padding=1)),
+            _impala_stack(nn.Conv2d(32, 32, 3, padding=1)),
+            nn.ReLU(), nn.Flatten(),
+        )
+        out, least = 256, "1x1"
+    elif arch == "nature":
         convs = nn.Sequential(
             orthogonal(ScaledConv2d(chw[0], 32, 8, stride=4, input_scale=input_scale), math.sqrt(2)), nn.ReLU(),
             orthogonal(nn.Conv2d(32, 64, 4, stride=2), math.sqrt(2)), nn.ReLU(),
@@ -98,7 +128,7 @@ def cnn_torso(chw: Sequence[int], arch: str = "auto", input_scale: float = 1.0) 
                               nn.ReLU(), nn.Flatten())
         out, least = 128, "3x3"
     else:
-        raise ValueError(f"model.cnn_arch must be auto, nature or small, got {arch!r}")
+        raise ValueError(f"model.cnn_arch must be auto, nature, impala or small, got {arch!r}")
     # Size the dense layer from a dummy forward pass rather than by hand.
     try:
         with torch.no_grad():
