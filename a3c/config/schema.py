@@ -267,7 +267,8 @@ class SelfPlayConfig:
 @dataclass
 class Config:
     name: str = _f("run", "run name; the run folder is <run_root>/<name>-<YYYYmmdd-HHMMSS>")
-    seed: int = _f(1, "random seed", ge=0)
+    seed: int = _f(1, "random seed: the default model's initial weights, the environments' seeds and each "
+                   "actor process's sampling", ge=0)
     deterministic: bool = _f(
         False, "two runs of the config give bit-identical weights: torch is seeded from seed, and the run "
                "ends between updates; needs actors.num 1, actors.sync true, one learner thread on the "
