@@ -199,7 +199,9 @@ def tune(config: str | Path | Mapping | Config, space: str | Path | Mapping, tri
     if storage is None:
         root.parent.mkdir(parents=True, exist_ok=True)
         storage = f"sqlite:///{root.parent / f'tune-{name}.db'}"
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    # Each trial is reported by `on_trial`, and an error ends the study with it: Optuna's own
+    # warnings would print a failed trial's traceback, Ctrl-C's included.
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(
         study_name=name, storage=storage, direction="maximize", load_if_exists=True,
         sampler=optuna.samplers.TPESampler(seed=seed),
