@@ -596,6 +596,31 @@ def episode_limit(env_id: str) -> int | None:
         return None
 
 
+# Fields a tuned config may set otherwise that are not what a3c-tuned compares.
+NOT_TUNED = ("name", "seed", "total_timesteps", "logging.", "checkpoint.", "eval.")
+
+
+def tuned_overrides(path: str, task: Task) -> dict:
+    """The overrides (A3C's `section__field` keywords) that turn the task's shipped config
+    into the config at `path`, except NOT_TUNED; printed once."""
+    from a3c.config import load_config
+    from a3c.config.schema import leaves
+
+    tuned, shipped = load_config(path), load_config(ROOT / task.config)
+
+    def value(cfg, key):
+        for part in key.split("."):
+            cfg = getattr(cfg, part)
+        return cfg
+
+    overrides = {key.replace(".", "__"): value(tuned, key) for key, _, _ in leaves()
+                 if not key.startswith(NOT_TUNED) and value(tuned, key) != value(shipped, key)}
+    if not getattr(tuned_overrides, "shown", False):
+        tuned_overrides.shown = True
+        print(f"a3c-tuned: {task.config} with " + ", ".join(f"{k.replace('__', '.')}={v}" for k, v in overrides.items()))
+    return overrides
+
+
 def run_a3c(task: Task, seed: int, budget: int, overrides: dict, defaults: bool = False,
             seconds: float | None = None) -> Result:
     from a3c import A3C
@@ -808,10 +833,15 @@ def main() -> None:
     parser.add_argument("--marks", type=float, nargs="+",
                         help="time these last-100 means in this trainer's runs (e.g. SB3's final "
                              "returns from an earlier run), each run stopped once it reaches the highest")
+    parser.add_argument("--tuned", metavar="YAML",
+                        help="also run a3c-tuned: the task's config with the fields that this config (a3c "
+                             "tune's best, say) sets otherwise, budget, run and evaluation settings aside")
     parser.add_argument("--curves", metavar="DIR",
                         help="write each run's learning curve to DIR as JSON (a3c plot draws them)")
     args = parser.parse_args()
     exit_on_sigterm()
+    if args.tuned:
+        args.only = [*(args.only or ["a3c"]), "a3c-tuned"]
     args.tasks = args.tasks or (STABILITY_TASKS if args.stability
                                 else [name for name, task in TASKS.items() if task.config and task.suite])
     selfplay = [name for name in args.tasks if name in SELFPLAY]  # judged by evaluations, not returns
@@ -862,8 +892,9 @@ def main() -> None:
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
+                variant = tuned_overrides(args.tuned, task) if method == "a3c-tuned" else VARIANTS.get(method)
                 r = (run_ppo(task, seed, budget, method, seconds) if method in PPO_METHODS
-                     else run_a3c(task, seed, budget, {**VARIANTS[method], **stop},
+                     else run_a3c(task, seed, budget, {**variant, **stop},
                                   defaults=method == DEFAULTS, seconds=seconds))
                 table.setdefault((name, method), []).append(r)
                 if args.curves:
