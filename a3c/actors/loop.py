@@ -130,7 +130,7 @@ class ActorLoop:
             f_reward[:, t] = reward
             f_terminated[:, t] = terminated
             f_truncated[:, t] = truncated & ~terminated
-            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated, space, state)
+            f_trunc_value[:, t] = _final_values(local, info, truncated & ~terminated, space, state, device)
             ep_return += reward
             ep_length += 1
             done = terminated | truncated
@@ -160,13 +160,12 @@ def report_episodes(finished: np.ndarray, episodes: ArrayQueue, counters: Counte
 
 
 def _final_values(model, info: dict, truncated: np.ndarray, space: gym.Space,
-                  state: torch.Tensor | None) -> np.ndarray:
+                  state: torch.Tensor | None, device: torch.device) -> np.ndarray:
     """The value of the final observation of each truncated episode, else 0. A recurrent
     policy reads it from `state`, the state after the episode's last step."""
     values = np.zeros(len(truncated), np.float32)
     if truncated.any():
         index = np.flatnonzero(truncated)
-        device = state.device if state is not None else next(model.parameters()).device
         final = obs_to_torch(stack_obs([info["final_obs"][i] for i in index], space), device)
         if state is None:
             _, _, v = model.act(final)

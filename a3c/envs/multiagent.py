@@ -24,7 +24,7 @@ import numpy as np
 
 from ..config import Config, EnvConfig
 from .masks import MASK_KEY, OBS_KEY, MaskError, flat_mask, has_mask_entry, masked_space, random_action
-from .sources import (EnvError, _named, env_action, factory_name, import_env_module, is_game, load_object,
+from .sources import (EnvError, _named, env_action, factory_name, import_listed_modules, is_game, load_object,
                       make_env, wrapper_spec)
 
 __all__ = ["Game", "Spaces", "Turn", "make_game", "probe_game", "run_spaces", "unmasked"]
@@ -164,8 +164,7 @@ def _mask_source(space: gym.Space, setting: str) -> str | None:
 def make_game(cfg: EnvConfig, env_factory: Callable | None = None) -> Game:
     """One game from the config's entry point (or `env_factory`), called with env.kwargs,
     then env.wrappers."""
-    for i, name in enumerate(cfg.imports):
-        _named(f"env.imports[{i}]", import_env_module, name)
+    import_listed_modules(cfg)
     kwargs = dict(cfg.kwargs)
     if env_factory is not None:
         what, make = f"env factory {factory_name(env_factory)}", env_factory

@@ -44,8 +44,8 @@ from ..files import excerpt
 from .masks import MaskError, with_action_mask
 
 __all__ = ["NOOP_MAX", "EnvError", "ale_missing", "ale_vector_env", "atari_backend", "check_env_factory",
-           "env_action", "factory_keywords", "factory_name", "import_env_module", "is_game", "load_object",
-           "make_env", "make_vector_env", "wrapper_spec"]
+           "env_action", "factory_keywords", "factory_name", "import_env_module", "import_listed_modules", "is_game",
+           "load_object", "make_env", "make_vector_env", "wrapper_spec"]
 
 MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 OBJECT_PATH = re.compile(rf"({MODULE.pattern}):({MODULE.pattern})")  # module:name, gymnasium's form
@@ -191,8 +191,7 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None,
     if cfg.multiagent:  # a3c.envs.multiagent makes those
         raise EnvError("env.multiagent: a game of several agents is not a gymnasium environment, and this "
                        "plays one (a3c eval and --video do); evaluate it with selfplay.eval_games")
-    for i, name in enumerate(cfg.imports):
-        _named(f"env.imports[{i}]", import_env_module, name)
+    import_listed_modules(cfg)
     if env_factory is not None or cfg.factory is not None:
         if env_factory is None:
             raise EnvError(
@@ -223,6 +222,12 @@ def make_env(cfg: EnvConfig, render_mode: str | None = None,
         return with_action_mask(env, cfg.action_mask, lambda: f"env.id {cfg.id!r}")
     except MaskError as error:
         raise EnvError(str(error)) from None
+
+
+def import_listed_modules(cfg: EnvConfig) -> None:
+    """Import env.imports in order, an EnvError naming the item that failed."""
+    for i, name in enumerate(cfg.imports):
+        _named(f"env.imports[{i}]", import_env_module, name)
 
 
 def _named(key: str, resolve: Callable, arg: Any) -> Any:
@@ -356,8 +361,7 @@ def _make_ale_vector_env(cfg: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     base = ale_vector_env()
     if base is None:
         raise EnvError(ale_missing())
-    for i, name in enumerate(cfg.imports):
-        _named(f"env.imports[{i}]", import_env_module, name)
+    import_listed_modules(cfg)
     name = _registered(cfg)
     try:
         spec = gym.spec(name)
