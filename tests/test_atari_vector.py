@@ -15,13 +15,15 @@ import sys
 import threading
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import pytest
 import torch
 
 from a3c.config import ConfigError, load_config
-from a3c.envs import sources
-from a3c.envs.sources import EnvError, atari_backend, make_vector_env
+from a3c.envs import sources, vector
+from a3c.envs.sources import EnvError
+from a3c.envs.vector import atari_backend, make_vector_env
 from a3c.metrics import MemorySink
 from a3c.trainer import Trainer
 
@@ -33,7 +35,7 @@ pytest.importorskip("ale_py", reason="the Atari tests need ale-py: install the '
                                      'pip install -e ".[atari]"')
 pytest.importorskip("cv2", reason="Atari preprocessing resizes with OpenCV: install the 'atari' extra, "
                                   'pip install -e ".[atari]"')
-if sources.ale_vector_env() is None:
+if vector.ale_vector_env() is None:
     pytest.skip("this ale-py has no AtariVectorEnv with same-step autoreset", allow_module_level=True)
 
 pytestmark = pytest.mark.usefixtures("stop_the_fork_server")
@@ -66,6 +68,13 @@ def threads_of_this_process() -> set[str]:
 
 
 # ------------------------------------------------------------------- the same frames
+def no_noops(monkeypatch):
+    """No no-op actions at reset in either backend: each draws their count from its own
+    generator."""
+    monkeypatch.setattr(sources, "NOOP_MAX", 0)
+    monkeypatch.setattr(vector, "NOOP_MAX", 0)
+
+
 def step_both(env_cfg, steps, E=2, seed=5):
     """Step the ALE backend and the gymnasium path side by side with the same actions (a
     fixed generator's) and compare every observation, reward and end; the steps at which
@@ -74,7 +83,7 @@ def step_both(env_cfg, steps, E=2, seed=5):
     gym_envs = make_vector_env(dataclasses.replace(env_cfg, atari_backend="gymnasium"), E)
     ends = []
     try:
-        assert type(gym_envs).__name__ == "SyncVectorEnv" and isinstance(ale, sources.ale_vector_env())
+        assert type(gym_envs).__name__ == "SyncVectorEnv" and isinstance(ale, vector.ale_vector_env())
         assert ale.single_observation_space == gym_envs.single_observation_space
         assert ale.single_action_space == gym_envs.single_action_space
         obs, _ = ale.reset(seed=seed)
@@ -111,7 +120,7 @@ def step_both(env_cfg, steps, E=2, seed=5):
 def test_the_ale_backend_gives_the_gymnasium_paths_frames_rewards_and_game_ends_step_for_step(monkeypatch):
     """Random play loses a game of Pong 21-0 in about 800 steps: both environments end a
     game (terminated) within 1000 steps, at the same step in both backends."""
-    monkeypatch.setattr(sources, "NOOP_MAX", 0)
+    no_noops(monkeypatch)
     ends = step_both(pong(), 1000)
     assert {i for _, i, terminated in ends if terminated} == {0, 1}, ends
 
@@ -119,7 +128,7 @@ def test_the_ale_backend_gives_the_gymnasium_paths_frames_rewards_and_game_ends_
 def test_the_ale_backend_truncates_at_the_frame_limit_as_the_gymnasium_path_does(monkeypatch):
     """env.kwargs.max_num_frames_per_episode (frames: 4 a step), 202: truncated at step 51,
     reset in the same step, then again."""
-    monkeypatch.setattr(sources, "NOOP_MAX", 0)
+    no_noops(monkeypatch)
     ends = step_both(pong(kwargs__max_num_frames_per_episode=202, frame_stack=3), 110)
     assert ends == [(51, 0, False), (51, 1, False), (102, 0, False), (102, 1, False)]
 
@@ -141,10 +150,10 @@ def test_rewards_are_the_games_own_unclipped():
 
 
 def test_the_vector_env_is_made_from_the_ids_spec_and_env_kwargs_as_the_gymnasium_path_is(monkeypatch):
-    base = sources.ale_vector_env()
+    base = vector.ale_vector_env()
     made, init = [], base.__init__
 
-    @functools.wraps(init)  # its signature, which sources.ale_vector_env reads
+    @functools.wraps(init)  # its signature, which vector.ale_vector_env reads
     def recorded(self, *args, **kwargs):
         made.append((args, kwargs))
         init(self, *args, **kwargs)
@@ -157,7 +166,7 @@ def test_the_vector_env_is_made_from_the_ids_spec_and_env_kwargs_as_the_gymnasiu
     assert args == ("pong", 3)
     assert pong_kwargs == dict(
         batch_size=0, num_threads=min(3, len(os.sched_getaffinity(0))), thread_affinity_offset=-1,
-        autoreset_mode=sources.gym.vector.AutoresetMode.SAME_STEP, max_num_frames_per_episode=108000,
+        autoreset_mode=gym.vector.AutoresetMode.SAME_STEP, max_num_frames_per_episode=108000,
         repeat_action_probability=0.0, full_action_space=False, img_height=84, img_width=84, grayscale=True,
         stack_num=4, frameskip=4, maxpool=True, noop_max=30, episodic_life=False, life_loss_info=False,
         reward_clipping=False, use_fire_reset=False)
@@ -216,7 +225,7 @@ def test_auto_takes_gymnasium_where_the_ale_cannot_make_the_environment(override
 def test_auto_takes_gymnasium_where_ale_py_has_no_vector_env(missing, monkeypatch):
     monkeypatch.setitem(sys.modules, missing, None)  # makes its import fail
     monkeypatch.setitem(sys.modules, "ale_py.vector_env", None)
-    assert sources.ale_vector_env() is None
+    assert vector.ale_vector_env() is None
     assert atari_backend(pong()) == "gymnasium"
 
 
@@ -295,7 +304,7 @@ def no_actor_left(trainer, made):
         assert [actor.exitcode for actor in trainer._actors] == [0] * trainer.cfg.actors.num  # not killed
     else:
         assert made and all(envs.closed and not hasattr(envs, "ale") for envs in made)
-        assert all(isinstance(envs, sources.ale_vector_env()) for envs in made)
+        assert all(isinstance(envs, vector.ale_vector_env()) for envs in made)
 
 
 @pytest.mark.system

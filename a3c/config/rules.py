@@ -225,7 +225,7 @@ def ale_obstacle(env: EnvConfig) -> str | None:
     """What keeps ale_py's AtariVectorEnv (env.atari_backend ale) from making this config's
     environments, as the rest of a one-line problem after "env.atari_backend: ale ", with
     the fix; None where nothing does. With env.atari_backend auto, any obstacle means the
-    gymnasium backend (a3c.envs.sources.atari_backend); whether ale-py is installed is for
+    gymnasium backend (a3c.envs.vector.atari_backend); whether ale-py is installed is for
     a3c.envs.preflight to say."""
     if not env.atari:
         return "preprocesses Atari frames, and env.atari is false; set env.atari: true, or env.atari_backend: auto"

@@ -2,7 +2,8 @@
 their observations and actions are stored, and the episodes a policy plays in them.
 
     sources.py    a registered id, module:EnvId, env.imports, an entry point, a factory,
-                  wrappers; make_env and make_vector_env
+                  wrappers; make_env
+    vector.py     the vector of environments an actor steps, Atari's from the ALE's C++
     preflight.py  the checks of environment, device and queue a run makes before it starts
     spaces.py     observations and actions in fragment records and as tensors
     masks.py      action masks, read where users put them, as one observation entry
@@ -12,7 +13,8 @@ their observations and actions are stored, and the episodes a policy plays in th
     video.py      a3c eval --video
 """
 from .sources import (EnvError, check_env_factory, env_action, factory_keywords, factory_name, import_env_module,
-                      load_object, make_env, make_vector_env, wrapper_spec)
+                      load_object, make_env, wrapper_spec)
+from .vector import make_vector_env
 
 __all__ = ["EnvError", "check_env_factory", "env_action", "factory_keywords", "factory_name", "import_env_module",
            "load_object", "make_env", "make_vector_env", "wrapper_spec"]

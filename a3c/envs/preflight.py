@@ -21,8 +21,8 @@ from ..config import Config, ConfigError, EnvConfig
 from ..files import excerpt
 from .masks import MASK_KEY, MaskError, has_mask_entry, random_action
 from .multiagent import probe_game
-from .sources import (MODULE, EnvError, ale_missing, check_env_factory, import_env_module, load_object, make_env,
-                      wrapper_spec)
+from .sources import MODULE, EnvError, check_env_factory, import_env_module, load_object, make_env, wrapper_spec
+from .vector import ale_missing
 
 __all__ = ["device_available", "device_problems", "preflight", "probe", "probe_env"]
 
