@@ -133,6 +133,10 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("-o", "--output", metavar="FILE.yaml",
                       help="the best trial's config (default: <run_root>/tune-<name>-best.yaml)")
     tune.add_argument("--seed", type=_count(0), default=0, help="the sampler's seed (default: 0)")
+    tune.add_argument("--objective", choices=["final", "mean"], default="final",
+                      help="a trial's value: its last evaluation's mean return (final, the default), or the "
+                           "mean of its evaluations' means (mean: rewards a config that learns sooner); a study "
+                           "keeps the one it began with")
     tune.add_argument("--env", metavar="MODULE:NAME", help=_ENV_HELP)
     return parser
 
@@ -256,11 +260,12 @@ def _tune(args) -> None:
     try:
         best = tune(args.config, args.space, args.trials, args.overrides, args.storage, args.study,
                     args.output, args.seed, env=_factory(args),
-                    on_trial=lambda line: print(line, file=sys.stderr, flush=True))
+                    on_trial=lambda line: print(line, file=sys.stderr, flush=True), objective=args.objective)
     except KeyboardInterrupt:
         print("\ninterrupted; the same command goes on with the trials still to run", file=sys.stderr)
         raise SystemExit(130) from None
-    print(f"best of {best.trials} trials: trial {best.number}, evaluation mean {best.value:.6g}, {best.params}")
+    value = "evaluation mean" if args.objective == "final" else "mean of its evaluation means"
+    print(f"best of {best.trials} trials: trial {best.number}, {value} {best.value:.6g}, {best.params}")
     print(f"its config: {best.path}  (a3c train {best.path})")
 
 

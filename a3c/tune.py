@@ -1,6 +1,6 @@
 """`a3c tune`: hyperparameter search with Optuna over any config fields.
 
-    a3c tune CONFIG --space SPACE.yaml --trials N [key=value ...]
+    a3c tune CONFIG --space SPACE.yaml --trials N [--objective final|mean] [key=value ...]
 
 SPACE.yaml maps dotted config fields to their ranges:
 
@@ -13,8 +13,9 @@ Each trial is one run of the config with the trial's values, one after another (
 keeps every core busy), with evaluation while training on (the `eval` section; its
 interval is set to a tenth of the budget when the config has none). TPE samples the
 values; a median pruner stops a trial whose evaluation curve falls below the median of
-the earlier trials' at the same env step. A trial's value is its last evaluation's mean
-return, the policy a user would have at the end of its budget.
+the earlier trials' at the same env step. A trial's value (`--objective`, OBJECTIVES) is
+its last evaluation's mean return, the policy a user would have at the end of its budget,
+or the mean of all its evaluations' means, which rewards a config that gets there sooner.
 
 The study lives in an SQLite file by default (`<run_root>/tune-<name>.db`): Ctrl-C stops
 the trial in progress (it leaves no process or shared memory, as any run), and the same
@@ -36,9 +37,15 @@ from typing import Any
 
 from .config import Config, ConfigError, load_config, save_config
 
-__all__ = ["Param", "TuneResult", "load_space", "tune"]
+__all__ = ["OBJECTIVES", "Param", "TuneResult", "load_space", "tune"]
 
 _TYPES = ("float", "log_float", "int", "categorical")
+# What a trial's value is, by --objective. A study keeps the one it was started with.
+OBJECTIVES = {
+    "final": "the last evaluation's mean return: the policy at the end of the budget",
+    "mean": "the mean of the evaluations' mean returns: about the area under the evaluation curve, "
+            "which rewards a config that learns sooner",
+}
 
 
 @dataclass(frozen=True)
@@ -135,13 +142,21 @@ class TuneResult:
 
 
 class _TrialSink:
-    """The run's charts go to TensorBoard as ever; each evaluation's mean also goes to the
-    trial, which the pruner may then stop (optuna.TrialPruned, raised in the trainer's
-    main thread, which shuts the run down as on any error)."""
+    """The run's charts go to TensorBoard as ever; after each evaluation the trial's value
+    so far (`objective`) goes to the trial, which the pruner may then stop
+    (optuna.TrialPruned, raised in the trainer's main thread, which shuts the run down as
+    on any error)."""
 
-    def __init__(self, trial):
-        self.trial, self.last = trial, math.nan
+    def __init__(self, trial, objective: str = "final"):
+        self.trial, self.objective, self.means = trial, objective, []
         self._board = None
+
+    @property
+    def value(self) -> float:
+        """The trial's value from the evaluations so far; nan before the first."""
+        if not self.means:
+            return math.nan
+        return self.means[-1] if self.objective == "final" else sum(self.means) / len(self.means)
 
     def open(self, run_dir: Path) -> None:
         from .metrics import TensorBoardSink
@@ -153,8 +168,8 @@ class _TrialSink:
         if tag == "eval/mean_return":
             import optuna
 
-            self.last = value
-            self.trial.report(value, step)
+            self.means.append(value)
+            self.trial.report(self.value, step)
             if self.trial.should_prune():
                 raise optuna.TrialPruned(f"evaluation mean {value:.4g} at step {step}")
 
@@ -183,15 +198,18 @@ def _trial_config(config: Config, params: Sequence[Param], trial, root: Path) ->
 def tune(config: str | Path | Mapping | Config, space: str | Path | Mapping, trials: int,
          overrides: Sequence[str] | Mapping[str, Any] = (), storage: str | None = None,
          study_name: str | None = None, output: str | Path | None = None, seed: int = 0,
-         env: Callable | None = None, on_trial: Callable[[str], None] | None = None) -> TuneResult:
+         env: Callable | None = None, on_trial: Callable[[str], None] | None = None,
+         objective: str = "final") -> TuneResult:
     """Run the trials of a study still to be done until `trials` have finished (complete or
     pruned), then write the best trial's config to `output` (default
     `<run_root>/tune-<name>-best.yaml`) and return it. Everything a study needs (the
-    config, the space) is checked before any trial starts."""
+    config, the space, the objective) is checked before any trial starts."""
     import optuna
 
     from .api import A3C
 
+    if objective not in OBJECTIVES:
+        raise ConfigError([f"objective {objective!r}: choose one of {', '.join(OBJECTIVES)}"])
     base = load_config(config, overrides)
     params = load_space(space, base)
     name = study_name or base.name
@@ -209,17 +227,25 @@ def tune(config: str | Path | Mapping | Config, space: str | Path | Mapping, tri
         # first evaluation is never judged.
         pruner=optuna.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=1))
     finished = (optuna.trial.TrialState.COMPLETE, optuna.trial.TrialState.PRUNED)
+    # Values of two objectives are not comparable: a study keeps the one it began with
+    # (studies from before the choice existed took the last evaluation).
+    began = study.user_attrs.get("objective", "final" if study.trials else None)
+    if began is None:
+        study.set_user_attr("objective", objective)
+    elif began != objective:
+        raise ConfigError([f"--objective {objective}: study {name!r} ({storage}) was begun with "
+                           f"--objective {began}; give that to go on with it, or --study NAME for a new one"])
 
-    def objective(trial) -> float:
+    def run_trial(trial) -> float:
         cfg = _trial_config(base, params, trial, root)
-        sink = _TrialSink(trial)
+        sink = _TrialSink(trial, objective)
         try:
             A3C(cfg, env=env).learn(sink=sink, on_start=sink.open)
         finally:
             sink.close()
-        if math.isnan(sink.last):
+        if math.isnan(sink.value):
             raise RuntimeError(f"trial {trial.number} ended without an evaluation")
-        return sink.last
+        return sink.value
 
     def report(study, trial) -> None:
         if on_trial is not None:
@@ -228,7 +254,7 @@ def tune(config: str | Path | Mapping | Config, space: str | Path | Mapping, tri
 
     done = sum(t.state in finished for t in study.trials)
     if done < trials:
-        study.optimize(objective, n_trials=trials - done, catch=(),
+        study.optimize(run_trial, n_trials=trials - done, catch=(),
                        callbacks=[optuna.study.MaxTrialsCallback(trials, states=finished), report])
     best = study.best_trial  # ValueError when none completed
     best_config = load_config(base, best.params)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from a3c import A3C, ConfigError, load_config
-from a3c.tune import load_space, tune
+from a3c.tune import _TrialSink, load_space, tune
 
 from conftest import A3C_CLI, descendants, own_process_group, running, segments_of
 from waiting import wait_until
@@ -91,3 +91,44 @@ def test_every_problem_of_a_search_space_is_named_before_any_trial(tmp_path):
     with pytest.raises(ConfigError):
         tune("cartpole", space, 2, [f"logging.run_root={tmp_path}"])
     assert not list(tmp_path.iterdir())  # no study, no trial
+
+
+class RecordedTrial:
+    """The part of an Optuna trial a run's sink uses: what it was told, never pruned."""
+
+    def __init__(self):
+        self.reported = []
+
+    def report(self, value, step):
+        self.reported.append((step, value))
+
+    def should_prune(self):
+        return False
+
+
+@pytest.mark.parametrize("objective, reported, value", [
+    ("final", [10.0, 30.0, 20.0], 20.0),  # each evaluation's mean; the last
+    ("mean", [10.0, 20.0, 20.0], 20.0),   # the mean of the evaluation means so far
+])
+def test_a_trials_value_is_its_last_evaluation_or_the_mean_of_all_of_them(objective, reported, value, tmp_path):
+    trial = RecordedTrial()
+    sink = _TrialSink(trial, objective)
+    sink.open(tmp_path)
+    try:
+        for step, mean in ((1000, 10.0), (2000, 30.0), (3000, 20.0)):
+            sink.scalar("eval/mean_return", mean, step)
+            sink.scalar("train/episode_return", -1.0, step)  # other charts are not the trial's
+    finally:
+        sink.close()
+    assert trial.reported == list(zip((1000, 2000, 3000), reported))
+    assert sink.value == value
+
+
+def test_a_study_goes_on_only_with_the_objective_it_began_with(tmp_path):
+    storage = f"sqlite:///{tmp_path / 'tune-cartpole.db'}"
+    optuna.create_study(study_name="cartpole", storage=storage, direction="maximize").set_user_attr(
+        "objective", "mean")
+    with pytest.raises(ConfigError, match="was begun with --objective mean"):
+        tune("cartpole", SPACE, 2, [*SHORT, f"logging.run_root={tmp_path}"], objective="final")
+    assert not optuna.load_study(study_name="cartpole", storage=storage).trials
+    assert [path.name for path in tmp_path.iterdir()] == ["tune-cartpole.db"]  # no trial ran
