@@ -602,22 +602,16 @@ NOT_TUNED = ("name", "seed", "total_timesteps", "logging.", "checkpoint.", "eval
 
 def tuned_overrides(path: str, task: Task) -> dict:
     """The overrides (A3C's `section__field` keywords) that turn the task's shipped config
-    into the config at `path`, except NOT_TUNED; printed once."""
+    into the config at `path`, except NOT_TUNED; printed."""
+    from operator import attrgetter
+
     from a3c.config import load_config
     from a3c.config.schema import leaves
 
     tuned, shipped = load_config(path), load_config(ROOT / task.config)
-
-    def value(cfg, key):
-        for part in key.split("."):
-            cfg = getattr(cfg, part)
-        return cfg
-
-    overrides = {key.replace(".", "__"): value(tuned, key) for key, _, _ in leaves()
-                 if not key.startswith(NOT_TUNED) and value(tuned, key) != value(shipped, key)}
-    if not getattr(tuned_overrides, "shown", False):
-        tuned_overrides.shown = True
-        print(f"a3c-tuned: {task.config} with " + ", ".join(f"{k.replace('__', '.')}={v}" for k, v in overrides.items()))
+    overrides = {key.replace(".", "__"): attrgetter(key)(tuned) for key, _, _ in leaves()
+                 if not key.startswith(NOT_TUNED) and attrgetter(key)(tuned) != attrgetter(key)(shipped)}
+    print(f"a3c-tuned: {task.config} with " + ", ".join(f"{k.replace('__', '.')}={v}" for k, v in overrides.items()))
     return overrides
 
 
@@ -891,8 +885,8 @@ def main() -> None:
             continue
         print(f"\n== {task.env_id}: threshold {task.threshold:g}, budget {budget} steps", flush=True)
         for method in args.only:
+            variant = tuned_overrides(args.tuned, task) if method == "a3c-tuned" else VARIANTS.get(method)
             for seed in args.seeds or task.seeds:  # one run at a time: runs must not share the cores
-                variant = tuned_overrides(args.tuned, task) if method == "a3c-tuned" else VARIANTS.get(method)
                 r = (run_ppo(task, seed, budget, method, seconds) if method in PPO_METHODS
                      else run_a3c(task, seed, budget, {**variant, **stop},
                                   defaults=method == DEFAULTS, seconds=seconds))
